@@ -1,0 +1,97 @@
+"""`ModelConfig`: the Transformer's hyper-parameters. Field names are the Hydra keys users
+type (`model.num_heads=4`), so they are a public contract: add fields, never rename them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+ACTIVATIONS = ("relu", "gelu")
+POSITIONALS = ("sinusoidal", "learned")
+SHARE_EMBEDDINGS = ("none", "decoder", "all")
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of the encoder-decoder Transformer (defaults: the paper's base model).
+
+    share_embeddings: 'none' (three matrices), 'decoder' (target embedding = output
+    projection) or 'all' (source, target and output projection share one matrix; needs
+    equal vocabulary sizes). d_embed: optional factorized embedding size, projected to d_model.
+    """
+
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: str = "relu"
+    norm_first: bool = False
+    positional: str = "sinusoidal"
+    max_positions: int = 1024
+    share_embeddings: str = "all"
+    d_embed: Optional[int] = None  # noqa: UP045 (OmegaConf structured configs need Optional)
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field(s) and what to do."""
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "num_heads",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "d_ff",
+            "max_positions",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_embed is not None and (
+            not isinstance(self.d_embed, int) or isinstance(self.d_embed, bool) or self.d_embed <= 0
+        ):
+            raise ValueError(
+                f"ModelConfig.d_embed must be a positive integer or null, got {self.d_embed!r}"
+            )
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"ModelConfig.d_model={self.d_model} is not divisible by "
+                f"ModelConfig.num_heads={self.num_heads}; choose num_heads dividing d_model"
+            )
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"ModelConfig.activation={self.activation!r} is unknown; use one of {ACTIVATIONS}"
+            )
+        if self.positional not in POSITIONALS:
+            raise ValueError(
+                f"ModelConfig.positional={self.positional!r} is unknown; use one of {POSITIONALS}"
+            )
+        if self.share_embeddings not in SHARE_EMBEDDINGS:
+            raise ValueError(
+                f"ModelConfig.share_embeddings={self.share_embeddings!r} is unknown; "
+                f"use one of {SHARE_EMBEDDINGS}"
+            )
+        if self.share_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "ModelConfig.share_embeddings='all' needs equal vocabularies, got "
+                f"src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}; "
+                "use a joint tokenizer or share_embeddings='decoder'/'none'"
+            )
+        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < min(
+            self.src_vocab_size, self.tgt_vocab_size
+        ):
+            raise ValueError(
+                f"ModelConfig.pad_id={self.pad_id!r} must be a token id inside both vocabularies"
+            )
