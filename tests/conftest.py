@@ -1,0 +1,22 @@
+"""Shared test settings: no network, W&B offline, deterministic and small."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_root() -> Path:
+    """The shared Multi30k copy; tests that need it skip where it is absent."""
+    if not (MULTI30K / "train.en").exists():
+        pytest.skip(f"Multi30k reference data not found at {MULTI30K}")
+    return MULTI30K
