@@ -1,0 +1,127 @@
+"""Token embeddings, positional encodings and the output projection.
+
+Token embedding of width ``e`` (``d_embed`` or ``d_model``): ``E[tokens] * sqrt(e)``, drawn
+from ``N(0, e^-0.5)`` (as fairseq) so the embedded tokens have unit scale and tied logits
+``h @ E.T`` have unit scale too. With a factorized embedding (``d_embed`` set) the ``e``-wide
+vectors are projected to ``d_model``, and the output side projects ``d_model -> e`` before
+the (possibly tied) ``(V, e)`` output matrix. Without ``d_embed`` this is exactly the paper's
+``E[tokens] * sqrt(d_model)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """``tokens (B, L)`` -> ``(B, L, d_model)``; ``weight (V, e)`` may be tied elsewhere."""
+
+    def __init__(self, vocab_size: int, d_model: int, d_embed: int | None = None) -> None:
+        super().__init__()
+        width = d_embed if d_embed is not None else d_model
+        self.weight = nn.Parameter(torch.empty(vocab_size, width))
+        self.proj = nn.Linear(width, d_model, bias=False) if d_embed is not None else None
+        self.scale = math.sqrt(width)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.weight) * self.scale
+        return x if self.proj is None else self.proj(x)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed ``PE[pos, 2i] = sin(pos / 10000^(2i/d))``, ``PE[pos, 2i+1] = cos(...)``; any ``d``
+    (odd included). ``forward(length, offset) -> (length, d)``."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        position = torch.arange(max_positions, dtype=torch.float64)[:, None]
+        inv_freq = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model)
+        )
+        angles = position * inv_freq  # (P, ceil(d/2))
+        pe = torch.empty(max_positions, d_model, dtype=torch.float64)
+        pe[:, 0::2] = torch.sin(angles)
+        pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+        self.register_buffer("pe", pe.float(), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        return self.pe[offset : offset + length]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A trained ``(max_positions, d)`` table. ``forward(length, offset) -> (length, d)``."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        return self.weight[offset : offset + length]
+
+
+class Embedding(nn.Module):
+    """``Dropout(TokenEmbedding(tokens) + PE)``: ``tokens (B, L)`` -> ``(B, L, d_model)``.
+
+    ``offset`` is the position of the first token (the cache length when decoding step by step).
+    """
+
+    def __init__(
+        self,
+        token: TokenEmbedding,
+        d_model: int,
+        max_positions: int,
+        positional: str = "sinusoidal",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.token = token
+        if positional == "sinusoidal":
+            self.positional: nn.Module = SinusoidalPositionalEncoding(max_positions, d_model)
+        elif positional == "learned":
+            self.positional = LearnedPositionalEmbedding(max_positions, d_model)
+        else:
+            raise ValueError(f"positional={positional!r} is unknown; use 'sinusoidal' or 'learned'")
+        self.max_positions = max_positions
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        length = tokens.size(1)
+        if offset + length > self.max_positions:
+            raise ValueError(
+                f"sequence reaches position {offset + length} but ModelConfig.max_positions="
+                f"{self.max_positions}; raise max_positions or shorten the input"
+            )
+        x = self.token(tokens) + self.positional(length, offset)
+        return self.dropout(x)
+
+
+class OutputProjection(nn.Module):
+    """``(B, T, d_model)`` -> logits ``(B, T, V)``: ``[proj d_model -> e] then @ weight.T``.
+
+    ``weight (V, e)`` is this module's own (``share_embeddings='none'``) or the target token
+    embedding's (tied: assign ``output.weight = token.weight``). No bias (as fairseq).
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, d_embed: int | None = None) -> None:
+        super().__init__()
+        width = d_embed if d_embed is not None else d_model
+        self.proj = nn.Linear(d_model, width, bias=False) if d_embed is not None else None
+        self.weight = nn.Parameter(torch.empty(vocab_size, width))
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.proj is not None:
+            x = self.proj(x)
+        return F.linear(x, self.weight)

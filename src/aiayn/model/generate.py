@@ -1,0 +1,228 @@
+"""Greedy and batched beam-search decoding on the key/value cache (pure PyTorch).
+
+``generate`` runs under ``torch.inference_mode``; putting the model in eval mode (no dropout)
+is the caller's job. Special ids are arguments (defaults match ``aiayn.data.special``:
+BOS=1, EOS=2; padding comes from ``model.config.pad_id``).
+
+Scores: a hypothesis' score is ``sum log p(y_i) / ((5 + |Y|) / 6) ** length_penalty`` (GNMT),
+where ``|Y|`` counts the scored tokens: its tokens plus the EOS when it ended with one. A
+hypothesis that reaches the maximum length (``max_len_a * |src| + max_len_b`` tokens, per
+sentence, capped to ``max_positions``) stops there without an EOS. Beam search keeps a
+sentence's ``beam_size`` best unfinished hypotheses, collects those that emit EOS within the
+top ``beam_size`` candidates of a step, and finishes the sentence once it has ``beam_size``
+of them (as fairseq); decoding stops as soon as every sentence is finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aiayn.model.cache import KVCache
+from aiayn.model.masks import padding_mask
+from aiayn.model.transformer import Transformer
+
+STRATEGIES = ("greedy", "beam")
+
+
+@dataclass
+class DecodeConfig:
+    """Decoding settings (a Hydra group: ``decode=greedy|beam``). Paper: beam 4, alpha 0.6,
+    max output length input + 50."""
+
+    strategy: str = "greedy"
+    beam_size: int = 4
+    length_penalty: float = 0.6  # GNMT alpha: score / ((5 + |Y|) / 6) ** alpha
+    max_len_a: float = 1.0  # max output length = a * |src| + b
+    max_len_b: int = 50
+    nbest: int = 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"DecodeConfig.strategy={self.strategy!r} is unknown; use one of {STRATEGIES}"
+            )
+        for name in ("beam_size", "nbest"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"DecodeConfig.{name} must be a positive integer, got {value!r}")
+        if self.strategy == "beam" and self.nbest > self.beam_size:
+            raise ValueError(
+                f"DecodeConfig.nbest={self.nbest} exceeds DecodeConfig.beam_size={self.beam_size}"
+            )
+        if self.strategy == "greedy" and self.nbest != 1:
+            raise ValueError(
+                f"DecodeConfig.nbest={self.nbest} needs strategy='beam' (greedy gives one)"
+            )
+        for name in ("length_penalty", "max_len_a"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"DecodeConfig.{name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.max_len_b, int) or isinstance(self.max_len_b, bool):
+            raise ValueError(f"DecodeConfig.max_len_b must be an integer, got {self.max_len_b!r}")
+
+
+@dataclass
+class Hypothesis:
+    """One output: ``tokens`` without BOS/EOS, length-normalised log-probability ``score``."""
+
+    tokens: list[int]
+    score: float
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ``((5 + length) / 6) ** alpha``."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_lengths(
+    src_lengths: list[int], config: DecodeConfig, max_positions: int
+) -> list[int]:
+    """Per sentence ``int(a * |src| + b)``, clamped to ``[1, max_positions]``."""
+    return [
+        min(max(int(config.max_len_a * n + config.max_len_b), 1), max_positions)
+        for n in src_lengths
+    ]
+
+
+@torch.inference_mode()
+def generate(
+    model: Transformer,
+    src: Tensor,
+    config: DecodeConfig,
+    src_mask: Tensor | None = None,
+    bos_id: int = 1,
+    eos_id: int = 2,
+) -> list[list[Hypothesis]]:
+    """Translate ``src (B, S)`` (``src_mask (B, S)`` True = real; default from ``pad_id``).
+
+    Returns B lists of ``config.nbest`` hypotheses, best first. A sentence decodes the same
+    alone and inside a padded batch; ``beam_size=1`` gives exactly the greedy result.
+    """
+    if src_mask is None:
+        src_mask = padding_mask(src, model.config.pad_id)
+    memory = model.encode(src, src_mask)
+    cache = model.init_cache(memory, src_mask)
+    max_lens = max_output_lengths(src_mask.sum(dim=-1).tolist(), config, model.config.max_positions)
+    if config.strategy == "greedy":
+        return _greedy(model, cache, max_lens, config.length_penalty, bos_id, eos_id, src.device)
+    return _beam(
+        model,
+        cache,
+        max_lens,
+        config.beam_size,
+        config.nbest,
+        config.length_penalty,
+        bos_id,
+        eos_id,
+        src.device,
+    )
+
+
+def _next_logprobs(model: Transformer, tokens: Tensor, cache: KVCache) -> Tensor:
+    """``tokens (N, 1)`` -> float32 log-probabilities of the next token ``(N, V)``."""
+    logits = model.decode(tokens, None, cache=cache)
+    return logits[:, -1].float().log_softmax(dim=-1)
+
+
+def _greedy(
+    model: Transformer,
+    cache: KVCache,
+    max_lens: list[int],
+    alpha: float,
+    bos_id: int,
+    eos_id: int,
+    device: torch.device,
+) -> list[list[Hypothesis]]:
+    B = len(max_lens)
+    limit = torch.tensor(max_lens, device=device)
+    token = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+    score = torch.zeros(B, device=device)
+    length = torch.zeros(B, dtype=torch.long, device=device)  # scored tokens (incl. EOS)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    steps = []
+    for step in range(max(max_lens)):
+        best, token = _next_logprobs(model, token, cache).max(dim=-1, keepdim=True)
+        alive = ~finished
+        score = torch.where(alive, score + best[:, 0], score)
+        length += alive.long()
+        steps.append(token[:, 0])
+        finished |= (token[:, 0] == eos_id) | (step + 1 >= limit)
+        if bool(finished.all()):
+            break
+    out = torch.stack(steps, dim=1).tolist()
+    results = []
+    for b, (n, s) in enumerate(zip(length.tolist(), score.tolist(), strict=True)):
+        tokens = out[b][:n]
+        if tokens and tokens[-1] == eos_id:
+            tokens = tokens[:-1]
+        results.append([Hypothesis(tokens, s / length_penalty(n, alpha))])
+    return results
+
+
+def _beam(
+    model: Transformer,
+    cache: KVCache,
+    max_lens: list[int],
+    k: int,
+    nbest: int,
+    alpha: float,
+    bos_id: int,
+    eos_id: int,
+    device: torch.device,
+) -> list[list[Hypothesis]]:
+    B = len(max_lens)
+    cache.reorder(torch.arange(B, device=device).repeat_interleave(k))
+    tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)  # BOS + prefix
+    scores = torch.zeros(B, k, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
+    rank = torch.arange(2 * k, device=device)
+    first_row = torch.arange(B, device=device)[:, None] * k
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    done = [False] * B
+    for step in range(max(max_lens)):
+        logprobs = _next_logprobs(model, tokens[:, -1:], cache)  # (B*k, V)
+        V = logprobs.size(-1)
+        candidates = (scores.view(-1, 1) + logprobs).view(B, k * V)
+        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (B, 2k), best first
+        top_beam, top_token = top_index // V, top_index % V
+        is_eos = top_token == eos_id
+        # hypotheses ending with EOS among the k best candidates are finished (|Y| = step + 1)
+        penalty = length_penalty(step + 1, alpha)
+        eos_hits = (is_eos[:, :k] & torch.isfinite(top_scores[:, :k])).nonzero().tolist()
+        if eos_hits:
+            rows = (first_row + top_beam).tolist()
+            eos_scores = top_scores.tolist()
+            for b, j in eos_hits:
+                if not done[b] and len(finished[b]) < k:
+                    prefix = tokens[rows[b][j], 1:].tolist()
+                    finished[b].append(Hypothesis(prefix, eos_scores[b][j] / penalty))
+        # the k best candidates not ending with EOS go on (each beam has one EOS among its
+        # candidates, so at least k of the 2k are not EOS)
+        keep = (is_eos.long() * (2 * k) + rank).argsort(dim=-1)[:, :k]
+        scores = top_scores.gather(1, keep)
+        new_token = top_token.gather(1, keep)
+        rows = (first_row + top_beam.gather(1, keep)).view(-1)
+        tokens = torch.cat([tokens.index_select(0, rows), new_token.view(-1, 1)], dim=1)
+        for b in range(B):
+            if done[b]:
+                continue
+            if len(finished[b]) >= k:
+                done[b] = True
+            elif step + 1 >= max_lens[b]:  # length limit: the alive beams stop here
+                alive = scores[b].tolist()
+                for j in range(k):
+                    if alive[j] != float("-inf"):
+                        prefix = tokens[b * k + j, 1:].tolist()
+                        finished[b].append(Hypothesis(prefix, alive[j] / penalty))
+                done[b] = True
+        if all(done):
+            break
+        cache.reorder(rows, cross=False)
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]

@@ -1,0 +1,113 @@
+"""Position-wise feed-forward network and the encoder/decoder layers.
+
+Post-norm (paper, ``norm_first=False``): ``x = LayerNorm(x + Dropout(Sublayer(x)))``.
+Pre-norm (``norm_first=True``): ``x = x + Dropout(Sublayer(LayerNorm(x)))``; the stack then
+needs a final LayerNorm (in ``Encoder``/``Decoder``). Shapes: ``x (B, T, D)``,
+``memory (B, S, D)``; masks as in ``aiayn.model.masks``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention
+from aiayn.model.cache import LayerCache
+from aiayn.model.config import ModelConfig
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
+
+
+def residual(
+    x: Tensor,
+    sublayer: Callable[[Tensor], Tensor],
+    norm: nn.Module,
+    dropout: nn.Module,
+    norm_first: bool,
+) -> Tensor:
+    """One residual sublayer, pre-norm or post-norm (see the module docstring)."""
+    if norm_first:
+        return x + dropout(sublayer(norm(x)))
+    return norm(x + dropout(sublayer(x)))
+
+
+class FeedForward(nn.Module):
+    """``linear2(activation(linear1(x)))``: ``(B, T, D)`` -> ``(B, T, D)`` through ``d_ff``."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.activation(self.linear1(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each a residual sublayer."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.self_attn = MultiHeadSelfAttention(d, config.num_heads, config.attention_dropout)
+        self.ff = FeedForward(d, config.d_ff, config.activation)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, weights: list[Tensor] | None = None
+    ) -> Tensor:
+        """``x (B, S, D)``, ``mask (B|1, 1, 1|S, S)`` -> ``(B, S, D)``."""
+
+        def self_attn(y: Tensor) -> Tensor:
+            return self.self_attn(y, mask, weights=weights)
+
+        x = residual(x, self_attn, self.norm1, self.dropout, self.norm_first)
+        return residual(x, self.ff, self.norm2, self.dropout, self.norm_first)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the memory, then FFN."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d, h, p = config.d_model, config.num_heads, config.attention_dropout
+        self.self_attn = MultiHeadSelfAttention(d, h, p)
+        self.cross_attn = MultiHeadCrossAttention(d, h, p)
+        self.ff = FeedForward(d, config.d_ff, config.activation)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+        self.norm3 = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        self_mask: Tensor | None = None,
+        is_causal: bool = False,
+        memory_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+        self_weights: list[Tensor] | None = None,
+        cross_weights: list[Tensor] | None = None,
+    ) -> Tensor:
+        """``x (B, T, D)``, ``memory (B, S, D)`` (unused with a cache) -> ``(B, T, D)``.
+
+        ``self_mask (B|1, 1, T, T_total)`` or ``is_causal``; ``memory_mask (B|1, 1, 1, S)``.
+        """
+
+        def self_attn(y: Tensor) -> Tensor:
+            return self.self_attn(y, self_mask, is_causal, cache, self_weights)
+
+        def cross_attn(y: Tensor) -> Tensor:
+            return self.cross_attn(y, memory, memory_mask, cache, cross_weights)
+
+        x = residual(x, self_attn, self.norm1, self.dropout, self.norm_first)
+        x = residual(x, cross_attn, self.norm2, self.dropout, self.norm_first)
+        return residual(x, self.ff, self.norm3, self.dropout, self.norm_first)
