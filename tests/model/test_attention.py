@@ -1,0 +1,120 @@
+"""Masks, attention (SDPA vs explicit path, attention maps) and positional encodings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from model_helpers import PAD, random_tokens, tiny_model
+
+from aiayn.model import attention_mask, causal_mask, padding_mask
+from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention, attend
+from aiayn.model.embedding import SinusoidalPositionalEncoding
+
+
+def test_masks_convention_true_is_real() -> None:
+    tokens = torch.tensor([[5, 6, PAD], [PAD, PAD, PAD]])
+    assert padding_mask(tokens, PAD).tolist() == [[True, True, False], [False, False, False]]
+    lower = [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal_mask(3).tolist() == lower
+    assert causal_mask(2, offset=2).tolist() == [[True, True, True, False], [True] * 4]
+    mask = attention_mask(padding_mask(tokens, PAD), causal_mask(3))
+    assert mask is not None and mask.shape == (2, 1, 3, 3)
+    assert mask[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
+    assert mask[1].all()  # no visible key at all: opened, so softmax cannot produce NaN
+    assert attention_mask(None, None) is None
+
+
+@pytest.mark.parametrize("module", [MultiHeadSelfAttention, MultiHeadCrossAttention])
+def test_explicit_path_matches_sdpa(module: type) -> None:
+    torch.manual_seed(0)
+    attn = module(16, 4).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    keys = 5 if module is MultiHeadSelfAttention else 7
+    key_pad = torch.ones(2, keys, dtype=torch.bool)
+    key_pad[1, 3:] = False
+    causal = causal_mask(5) if module is MultiHeadSelfAttention else None
+    mask = attention_mask(key_pad, causal)
+    args = (x, mask) if module is MultiHeadSelfAttention else (x, memory, mask)
+    weights: list[torch.Tensor] = []
+    fast = attn(*args)
+    slow = attn(*args, weights=weights)
+    torch.testing.assert_close(slow, fast, atol=1e-6, rtol=1e-5)
+    (probs,) = weights
+    assert probs.shape == (2, 4, 5, keys)
+    assert probs[~mask.expand_as(probs)].abs().max() == 0
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 5))
+
+
+def test_attend_is_causal_matches_explicit_mask() -> None:
+    q, k, v = torch.randn(3, 2, 1, 6, 4).unbind(0)
+    fast = attend(q, k, v, is_causal=True)
+    weights: list[torch.Tensor] = []
+    slow = attend(q, k, v, is_causal=True, weights=weights)
+    torch.testing.assert_close(slow, fast, atol=1e-6, rtol=1e-5)
+    assert torch.equal(weights[0][0, 0].triu(1), torch.zeros(6, 6))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_attention_maps(norm_first: bool) -> None:
+    model = tiny_model(norm_first=norm_first, num_encoder_layers=3)
+    src = random_tokens(2, 6, 23, seed=1)
+    tgt = random_tokens(2, 5, 23, seed=2)
+    src[1, 4:] = PAD
+    tgt[1, 3:] = PAD
+    with torch.no_grad():
+        logits = model(src, tgt)
+        maps = model.attention_maps(src, tgt)
+        collected = {key: [] for key in maps}
+        explicit_logits = model._forward_with_maps(src, tgt, None, None, collected)
+    torch.testing.assert_close(explicit_logits, logits, atol=1e-5, rtol=1e-5)
+    assert [len(maps[k]) for k in ("encoder_self", "decoder_self", "decoder_cross")] == [3, 2, 2]
+    src_real, tgt_real = src != PAD, tgt != PAD
+    for name, (tq, tk) in {
+        "encoder_self": (6, 6),
+        "decoder_self": (5, 5),
+        "decoder_cross": (5, 6),
+    }.items():
+        for probs in maps[name]:
+            assert probs.shape == (2, 4, tq, tk)
+            visible = (src_real if name != "decoder_self" else tgt_real)[:, None, None, :]
+            if name == "decoder_self":
+                visible = visible & causal_mask(5)
+            visible = visible.expand_as(probs)
+            assert probs[~visible].abs().max() == 0
+            torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, tq))
+    # the maps do not leave state behind: forward still takes the fused path and agrees
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), logits)
+
+
+@pytest.mark.parametrize("d_model", [16, 15])
+def test_sinusoidal_encoding_formula(d_model: int) -> None:
+    pe = SinusoidalPositionalEncoding(50, d_model)(10, offset=3)
+    assert pe.shape == (10, d_model)
+    for pos in (3, 7, 12):
+        for i in range(d_model):
+            angle = pos / 10000 ** (2 * (i // 2) / d_model)
+            expected = math.sin(angle) if i % 2 == 0 else math.cos(angle)
+            assert pe[pos - 3, i].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_odd_d_model_model_runs() -> None:
+    model = tiny_model(d_model=15, num_heads=3)
+    logits = model(random_tokens(2, 4, 23), random_tokens(2, 3, 23))
+    assert logits.shape == (2, 3, 23) and torch.isfinite(logits).all()
+
+
+def test_embedding_scale_and_init() -> None:
+    model = tiny_model(d_model=64, num_heads=4, src_vocab_size=4000, tgt_vocab_size=4000)
+    weight = model.src_embed.token.weight
+    assert weight.std().item() == pytest.approx(64**-0.5, rel=0.05)
+    tokens = torch.tensor([[7, 9]])
+    torch.testing.assert_close(model.src_embed.token(tokens), weight[tokens] * 8.0)
+    hidden = torch.nn.functional.layer_norm(torch.randn(4096, 64), (64,))
+    assert model.output(hidden).std().item() == pytest.approx(1.0, rel=0.1)  # unit-scale logits
+    w = model.encoder.layers[0].ff.linear1.weight
+    bound = math.sqrt(6 / (64 + w.size(0)))
+    assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound  # Xavier-uniform
+    assert model.encoder.layers[0].ff.linear1.bias.abs().max() == 0

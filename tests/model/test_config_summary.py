@@ -1,0 +1,109 @@
+"""ModelConfig validation, parameter counts (closed form) and the parameter summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from model_helpers import tiny_config
+
+from aiayn.model import ModelConfig, Transformer, format_parameter_summary, parameter_summary
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"d_model": 30, "num_heads": 4}, "num_heads"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"attention_dropout": 1.5}, "attention_dropout"),
+        ({"share_embeddings": "all", "src_vocab_size": 20}, "src_vocab_size"),
+        ({"activation": "swish"}, "activation"),
+        ({"positional": "rotary"}, "positional"),
+        ({"share_embeddings": "encoder"}, "share_embeddings"),
+        ({"d_model": 0}, "d_model"),
+        ({"num_heads": -1}, "num_heads"),
+        ({"num_encoder_layers": 0}, "num_encoder_layers"),
+        ({"num_decoder_layers": 0}, "num_decoder_layers"),
+        ({"d_ff": 0}, "d_ff"),
+        ({"max_positions": 0}, "max_positions"),
+        ({"src_vocab_size": 0, "share_embeddings": "none"}, "src_vocab_size"),
+        ({"d_embed": 0}, "d_embed"),
+        ({"pad_id": 99}, "pad_id"),
+    ],
+)
+def test_invalid_config_names_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        tiny_config(**overrides)
+
+
+def closed_form(cfg: ModelConfig) -> int:
+    d, f, e = cfg.d_model, cfg.d_ff, cfg.d_embed
+    attention = 4 * (d * d + d)
+    ffn = 2 * d * f + f + d
+    norm = 2 * d
+    encoder = cfg.num_encoder_layers * (attention + ffn + 2 * norm)
+    decoder = cfg.num_decoder_layers * (2 * attention + ffn + 3 * norm)
+    finals = 2 * norm if cfg.norm_first else 0
+    width = e or d
+
+    def token(vocab: int) -> int:
+        return vocab * width + (width * d if e else 0)
+
+    if cfg.share_embeddings == "all":
+        embeddings = token(cfg.src_vocab_size)
+    else:
+        embeddings = token(cfg.src_vocab_size) + token(cfg.tgt_vocab_size)
+    positions = 2 * cfg.max_positions * d if cfg.positional == "learned" else 0
+    output = (d * width if e else 0) + (
+        cfg.tgt_vocab_size * width if cfg.share_embeddings == "none" else 0
+    )
+    return encoder + decoder + finals + embeddings + positions + output
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"share_embeddings": "none", "tgt_vocab_size": 31},
+        {"share_embeddings": "decoder", "tgt_vocab_size": 31},
+        {"positional": "learned", "norm_first": True},
+        {"d_embed": 8},
+        {"d_embed": 8, "share_embeddings": "decoder", "tgt_vocab_size": 29},
+        {"d_embed": 8, "share_embeddings": "none", "positional": "learned"},
+        {"num_heads": 2, "d_ff": 64, "num_encoder_layers": 3, "num_decoder_layers": 1},
+    ],
+)
+def test_parameter_count_closed_form(overrides: dict[str, Any]) -> None:
+    cfg = tiny_config(**overrides)
+    model = Transformer(cfg)
+    summary = parameter_summary(model)
+    assert summary["total"] == closed_form(cfg)
+    assert summary["trainable"] == summary["total"]
+    parts = {k: v for k, v in summary.items() if k not in ("total", "trainable")}
+    assert set(parts) == {"src_embed", "tgt_embed", "encoder", "decoder", "output"}
+    assert sum(parts.values()) == summary["total"]  # shared matrices counted once
+
+
+def test_paper_base_size() -> None:
+    with torch.device("meta"):  # no memory, no init cost
+        model = Transformer(ModelConfig())  # base, shared 37k vocabulary
+    total = parameter_summary(model)["total"]
+    assert total == closed_form(ModelConfig())
+    assert 60_000_000 <= total <= 66_000_000
+
+
+def test_format_parameter_summary() -> None:
+    model = Transformer(tiny_config(share_embeddings="decoder"))
+    summary = parameter_summary(model)
+    next(model.encoder.parameters()).requires_grad_(False)
+    frozen = parameter_summary(model)
+    assert frozen["trainable"] < frozen["total"] == summary["total"]
+    text = format_parameter_summary(summary)
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["module", "params"]
+    for name in ("src_embed", "encoder", "decoder", "output", "trainable", "total"):
+        row = next(line for line in lines if line.startswith(name + " "))
+        assert f"{summary[name]:,}" in row
+    assert "100.0%" in next(line for line in lines if line.startswith("total "))

@@ -1,0 +1,220 @@
+"""The Transformer against nn.Transformer, causality, padding, the cache, gradients, NaNs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_helpers import PAD, random_tokens, tiny_model
+from torch import nn
+
+from aiayn.model import Transformer
+
+
+def reference_from(model: Transformer) -> nn.Transformer:
+    """An nn.Transformer holding the same weights as ``model``'s encoder/decoder stacks."""
+    cfg = model.config
+    ref = nn.Transformer(
+        d_model=cfg.d_model,
+        nhead=cfg.num_heads,
+        num_encoder_layers=cfg.num_encoder_layers,
+        num_decoder_layers=cfg.num_decoder_layers,
+        dim_feedforward=cfg.d_ff,
+        dropout=0.0,
+        activation=cfg.activation,
+        batch_first=True,
+        norm_first=cfg.norm_first,
+        enable_nested_tensor=False,
+    )
+
+    def copy_ff_norms(dst: nn.Module, src: nn.Module, norms: int) -> None:
+        dst.linear1.load_state_dict(src.ff.linear1.state_dict())
+        dst.linear2.load_state_dict(src.ff.linear2.state_dict())
+        for i in range(1, norms + 1):
+            getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
+
+    with torch.no_grad():
+        for dst, src in zip(ref.encoder.layers, model.encoder.layers, strict=True):
+            dst.self_attn.in_proj_weight.copy_(src.self_attn.qkv_proj.weight)
+            dst.self_attn.in_proj_bias.copy_(src.self_attn.qkv_proj.bias)
+            dst.self_attn.out_proj.load_state_dict(src.self_attn.out_proj.state_dict())
+            copy_ff_norms(dst, src, 2)
+        for dst, src in zip(ref.decoder.layers, model.decoder.layers, strict=True):
+            dst.self_attn.in_proj_weight.copy_(src.self_attn.qkv_proj.weight)
+            dst.self_attn.in_proj_bias.copy_(src.self_attn.qkv_proj.bias)
+            dst.self_attn.out_proj.load_state_dict(src.self_attn.out_proj.state_dict())
+            cross = src.cross_attn
+            q, kv = cross.q_proj, cross.kv_proj
+            dst.multihead_attn.in_proj_weight.copy_(torch.cat([q.weight, kv.weight]))
+            dst.multihead_attn.in_proj_bias.copy_(torch.cat([q.bias, kv.bias]))
+            dst.multihead_attn.out_proj.load_state_dict(cross.out_proj.state_dict())
+            copy_ff_norms(dst, src, 3)
+        if cfg.norm_first:
+            ref.encoder.norm.load_state_dict(model.encoder.norm.state_dict())
+            ref.decoder.norm.load_state_dict(model.decoder.norm.state_dict())
+        else:  # nn.Transformer always adds final norms; the post-norm paper model has none
+            ref.encoder.norm = nn.Identity()
+            ref.decoder.norm = nn.Identity()
+    return ref.eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_matches_torch_transformer(norm_first: bool, activation: str) -> None:
+    model = tiny_model(norm_first=norm_first, activation=activation)
+    ref = reference_from(model)
+    src = random_tokens(3, 7, 23, seed=1)
+    tgt = random_tokens(3, 5, 23, seed=2)
+    src[1, 5:] = PAD  # padding in both, compared at the real positions
+    tgt[2, 3:] = PAD
+    with torch.no_grad():
+        logits = model(src, tgt)
+        causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch: True = masked
+        hidden = ref(
+            model.src_embed(src),
+            model.tgt_embed(tgt),
+            tgt_mask=causal,
+            src_key_padding_mask=src == PAD,
+            tgt_key_padding_mask=tgt == PAD,
+            memory_key_padding_mask=src == PAD,
+            tgt_is_causal=True,
+        )
+        expected = model.output(hidden)
+    real = tgt != PAD
+    torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_no_future_leakage(norm_first: bool) -> None:
+    model = tiny_model(norm_first=norm_first)
+    src = random_tokens(2, 6, 23, seed=3)
+    tgt = random_tokens(2, 8, 23, seed=4)
+    with torch.no_grad():
+        base = model(src, tgt)
+        for t in range(7):
+            changed = tgt.clone()
+            changed[:, t + 1 :] = random_tokens(2, 7 - t, 23, seed=10 + t)
+            assert not torch.equal(changed, tgt)
+            logits = model(src, changed)
+            torch.testing.assert_close(logits[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
+            assert not torch.allclose(logits[:, t + 1 :], base[:, t + 1 :], atol=1e-3)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padding_invariance(norm_first: bool) -> None:
+    model = tiny_model(norm_first=norm_first)
+    src = random_tokens(3, 9, 23, seed=5)
+    tgt = random_tokens(3, 7, 23, seed=6)
+    src_len, tgt_len = 5, 4
+    src[0, src_len:] = PAD
+    tgt[0, tgt_len:] = PAD
+    with torch.no_grad():
+        batch = model(src, tgt)[0, :tgt_len]
+        alone = model(src[:1, :src_len], tgt[:1, :tgt_len])[0]
+        explicit = model(src, tgt, src_mask=src != PAD, tgt_mask=tgt != PAD)[0, :tgt_len]
+    torch.testing.assert_close(batch, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(explicit, alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_cached_decoding_equals_full_pass(norm_first: bool, positional: str) -> None:
+    model = tiny_model(norm_first=norm_first, positional=positional)
+    src = random_tokens(3, 6, 23, seed=7)
+    src[2, 3:] = PAD
+    tgt = random_tokens(3, 9, 23, seed=8)
+    src_mask = src != PAD
+    with torch.no_grad():
+        full = model(src, tgt)
+        memory = model.encode(src, src_mask)
+        cache = model.init_cache(memory, src_mask)
+        assert cache.length == 0
+        steps = [model.decode(tgt[:, t : t + 1], None, cache=cache) for t in range(4)]
+        assert cache.length == 4
+        steps.append(model.decode(tgt[:, 4:], memory, cache=cache))  # several tokens at once
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_reorder_selects_batch_rows() -> None:
+    model = tiny_model()
+    src = random_tokens(3, 6, 23, seed=9)
+    src[1, 4:] = PAD
+    tgt = random_tokens(3, 5, 23, seed=10)
+    index = torch.tensor([2, 0, 0, 1])
+    with torch.no_grad():
+        expected = model(src[index], tgt[index])
+        memory = model.encode(src)
+        cache = model.init_cache(memory, src != PAD)
+        first = model.decode(tgt[:, :2], None, cache=cache)
+        cache.reorder(index)
+        rest = model.decode(tgt[index, 2:], None, cache=cache)
+    torch.testing.assert_close(first[index], expected[:, :2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rest, expected[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_with_cache_rejects_wrong_use() -> None:
+    model = tiny_model()
+    src = random_tokens(2, 4, 23)
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src))
+        with pytest.raises(ValueError, match="tgt_mask"):
+            model.decode(src[:, :1], None, tgt_mask=torch.ones(2, 1, dtype=torch.bool), cache=cache)
+        with pytest.raises(ValueError, match="batch size"):
+            model.decode(src[:1, :1], None, cache=cache)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"share_embeddings": "none"},
+        {"share_embeddings": "decoder", "tgt_vocab_size": 19},
+        {"share_embeddings": "all", "norm_first": True, "positional": "learned"},
+        {"share_embeddings": "decoder", "d_embed": 8, "attention_dropout": 0.1, "dropout": 0.1},
+    ],
+)
+def test_every_parameter_gets_a_gradient(overrides: dict) -> None:
+    model = tiny_model(**overrides).train()
+    src = random_tokens(2, 6, 23, seed=11)
+    tgt = random_tokens(2, 5, model.config.tgt_vocab_size, seed=12)
+    model(src, tgt).logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_finite_up_to_max_positions_and_all_padding_rows(
+    dtype: torch.dtype, norm_first: bool
+) -> None:
+    model = tiny_model(norm_first=norm_first).to(dtype)
+    n = model.config.max_positions
+    src = random_tokens(3, n, 23, seed=13)
+    tgt = random_tokens(3, n, 23, seed=14)
+    src[1] = PAD  # an all-padding source row
+    src[2, 10:] = PAD
+    tgt[1, 1:] = PAD
+    tgt[2] = PAD  # and an all-padding target row
+    logits = model(src, tgt)
+    assert logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+    with torch.no_grad():
+        assert torch.isfinite(model.encode(src)).all()
+        maps = model.attention_maps(src, tgt)  # the explicit path softmaxes itself
+        assert all(torch.isfinite(m).all() for ms in maps.values() for m in ms)
+    logits.float().logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p.grad).all(), name
+    with pytest.raises(ValueError, match="max_positions"):
+        model(src, torch.cat([tgt, tgt[:, :1]], dim=1))
+
+
+def test_bfloat16_close_to_float32() -> None:
+    model = tiny_model()
+    src = random_tokens(2, 12, 23, seed=15)
+    tgt = random_tokens(2, 10, 23, seed=16)
+    src[0, 8:] = PAD
+    with torch.no_grad():
+        full = model(src, tgt)
+        half = model.to(torch.bfloat16)(src, tgt).float()
+    assert (half - full).abs().max() < 0.1 * full.abs().max()
