@@ -1,0 +1,110 @@
+"""Memory-mapped splits of the prepared cache and collation into a typed `Batch`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from aiayn.data.special import BOS, EOS, PAD
+
+Item = tuple[int, np.ndarray, np.ndarray]  # (example id, source ids, target ids), no specials
+
+
+@dataclass
+class Batch:
+    """A padded batch (PAD = 0; all tensors int64; Lightning moves it to the device).
+
+    src (B, S): x + EOS          src_lengths (B,): real length of each src row
+    tgt_in (B, T): BOS + y       tgt_out (B, T): y + EOS   tgt_lengths (B,): real length of both
+    ids (B,): example index within the split (`datamodule.references(split)[id]`)
+    num_src_tokens / num_tgt_tokens: real (non-PAD) tokens of src / tgt_out.
+    """
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    src_lengths: torch.Tensor
+    tgt_lengths: torch.Tensor
+    ids: torch.Tensor
+    num_src_tokens: int
+    num_tgt_tokens: int
+
+
+def pad_rows(rows: Sequence[Sequence[int]], prefix: int | None, suffix: int | None) -> tuple:
+    """(padded (B, L) int64, lengths (B,) int64) of [prefix] + row + [suffix], PAD-padded."""
+    extra = (prefix is not None) + (suffix is not None)
+    lengths = np.fromiter((len(row) + extra for row in rows), dtype=np.int64, count=len(rows))
+    out = np.full((len(rows), int(lengths.max(initial=1))), PAD, dtype=np.int64)
+    start = int(prefix is not None)
+    for i, row in enumerate(rows):
+        out[i, start : start + len(row)] = row
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[np.arange(len(rows)), lengths - 1] = suffix
+    return torch.from_numpy(out), torch.from_numpy(lengths)
+
+
+def collate_sources(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src (B, S), src_lengths (B,)) from token ids without specials, exactly as in training
+    (x + EOS): use it to feed `Tokenizers.encode(texts, 'src')` to the model at inference."""
+    return pad_rows(rows, None, EOS)
+
+
+def collate(items: Sequence[Item]) -> Batch:
+    """Batch from (id, source ids, target ids) items."""
+    src, src_lengths = collate_sources([item[1] for item in items])
+    targets = [item[2] for item in items]
+    tgt_in, tgt_lengths = pad_rows(targets, BOS, None)
+    tgt_out, _ = pad_rows(targets, None, EOS)
+    return Batch(
+        src=src,
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        src_lengths=src_lengths,
+        tgt_lengths=tgt_lengths,
+        ids=torch.tensor([item[0] for item in items], dtype=torch.int64),
+        num_src_tokens=int(src_lengths.sum()),
+        num_tgt_tokens=int(tgt_lengths.sum()),
+    )
+
+
+class SplitDataset(Dataset):
+    """One split of the cache: item i = (i, source ids, target ids) read from memory maps.
+
+    The maps are opened lazily in each process (pickling for workers sends only the paths).
+    """
+
+    def __init__(self, directory: Path, role: str) -> None:
+        self.directory, self.role = Path(directory), role
+        self._arrays: dict[str, np.ndarray] | None = None
+        offsets = {side: self._load(f"{side}.offsets") for side in ("src", "tgt")}
+        self.src_lengths: np.ndarray = np.diff(offsets["src"])  # (N,) tokens, no specials
+        self.tgt_lengths: np.ndarray = np.diff(offsets["tgt"])  # (N,)
+
+    def _load(self, name: str) -> np.ndarray:
+        return np.load(self.directory / f"{self.role}.{name}.npy", mmap_mode="r")
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            names = ("src.tokens", "src.offsets", "tgt.tokens", "tgt.offsets")
+            self._arrays = {name: self._load(name) for name in names}
+        return self._arrays
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_arrays": None}
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def __getitem__(self, i: int) -> Item:
+        a = self.arrays
+        src = a["src.tokens"][a["src.offsets"][i] : a["src.offsets"][i + 1]]
+        tgt = a["tgt.tokens"][a["tgt.offsets"][i] : a["tgt.offsets"][i + 1]]
+        return int(i), src, tgt

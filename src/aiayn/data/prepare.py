@@ -1,0 +1,268 @@
+"""Prepare once, load fast: read a corpus, train (or load) the tokenizer, binarize into a cache.
+
+Cache directory `{cache_dir}/{source}-{src}-{tgt}-{key}`, key = hash of the input fingerprint
+(see `corpus.py`: path + size + mtime of each file) and every setting that changes the
+content (tokenizer settings, max_len, max_ratio, languages, splits, fields). Batching
+settings (max_tokens, num_workers) are not part of it. Contents, per role train/val/test:
+
+    {role}.src.tokens.npy  (N_tokens,) uint16|int32   all source ids, no specials, flat
+    {role}.src.offsets.npy (N + 1,) int64             example i is tokens[off[i]:off[i+1]]
+    {role}.tgt.*           the same for the target side
+    {role}.jsonl           {"src": ..., "tgt": ...} original text, line i = example id i
+    tokenizer.json (joint) or tokenizer.src.json + tokenizer.tgt.json
+    manifest.json          settings, counts, filtered counts, timings; written last
+
+Train pairs with an empty side, a side longer than max_len tokens, or a length ratio above
+max_ratio are dropped (counted in the manifest). Val/test keep every pair (BLEU needs all);
+over-long sides are truncated to max_len tokens with a warning. Everything is written into a
+temp dir that is renamed into place only when complete, so an interrupted or failed prepare
+leaves no cache that a later run trusts, and two racing processes both end with one cache.
+
+Run alone: `python -m aiayn.data.prepare data=multi30k data.root=...` prints the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig
+
+from aiayn.data.config import ROLES, DataConfig, data_config
+from aiayn.data.corpus import file_fingerprint, fingerprint, read_split
+from aiayn.data.errors import DataError
+from aiayn.data.tokenizer import Tokenizers, train_bpe
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+MANIFEST = "manifest.json"
+SIDES = ("src", "tgt")
+ENCODE_CHUNK = 100_000  # sentences per encode_batch call (bounds memory on WMT-size corpora)
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+
+
+def _settings(cfg: DataConfig) -> dict[str, object]:
+    tokenizer = asdict(cfg.tokenizer)
+    if cfg.tokenizer.path:
+        path = Path(cfg.tokenizer.path)
+        files = [path] if path.is_file() else sorted(path.glob("tokenizer*.json"))
+        tokenizer["path"] = [file_fingerprint(file) for file in files]
+    return {
+        "source": cfg.source,
+        "langs": [cfg.src_lang, cfg.tgt_lang],
+        "splits": cfg.split_names,
+        "fields": [*cfg.fields, cfg.parent_field],
+        "tokenizer": tokenizer,
+        "max_len": cfg.max_len,
+        "max_ratio": cfg.max_ratio,
+    }
+
+
+def cache_path(cfg: DataConfig) -> Path:
+    """Where the cache for these inputs and settings lives (cheap: stats files, reads none)."""
+    identity = {"version": CACHE_VERSION, "inputs": fingerprint(cfg), "settings": _settings(cfg)}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cfg.cache_dir) / f"{cfg.source}-{cfg.src_lang}-{cfg.tgt_lang}-{key}"
+
+
+def load_manifest(path: Path) -> dict | None:
+    """The manifest of a complete cache at path, else None."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if manifest.get("complete") else None
+
+
+def prepare(cfg: DataConfig) -> Path:
+    """Build the cache for cfg unless a complete one exists; return its path. Idempotent."""
+    path = cache_path(cfg)
+    if load_manifest(path) is not None:
+        log.debug("data cache hit: %s", path)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        manifest = _build(cfg, tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0o700 would hide the cache from other users
+        if path.exists() and load_manifest(path) is None:
+            shutil.rmtree(path)  # not ours to trust: incomplete or foreign
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if load_manifest(path) is None:
+                raise
+            log.info("another process prepared %s first; using it", path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("prepared data cache %s\n%s", path, report(manifest))
+    return path
+
+
+def _get_tokenizers(cfg: DataConfig, src: list[str], tgt: list[str]) -> Tokenizers:
+    if cfg.tokenizer.path:
+        return Tokenizers.load(cfg.tokenizer.path)
+    if cfg.tokenizer.joint:
+        return Tokenizers(train_bpe(itertools.chain(src, tgt), cfg.tokenizer, len(src) + len(tgt)))
+    return Tokenizers(
+        train_bpe(src, cfg.tokenizer, len(src)), train_bpe(tgt, cfg.tokenizer, len(tgt))
+    )
+
+
+def _encode(tokenizers: Tokenizers, texts: list[str], side: str) -> list[list[int]]:
+    ids: list[list[int]] = []
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        ids.extend(tokenizers.encode(texts[start : start + ENCODE_CHUNK], side))
+    return ids
+
+
+def _filter_train(cfg: DataConfig, src: list[list[int]], tgt: list[list[int]]) -> tuple:
+    """Kept indices and {'empty', 'too_long', 'ratio'} counts of dropped train pairs."""
+    counts = {"empty": 0, "too_long": 0, "ratio": 0}
+    kept = []
+    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
+        short, long = sorted((len(s), len(t)))
+        if short == 0:
+            counts["empty"] += 1
+        elif long > cfg.max_len:
+            counts["too_long"] += 1
+        elif long > cfg.max_ratio * short:
+            counts["ratio"] += 1
+        else:
+            kept.append(i)
+    return kept, counts
+
+
+def _write_split(out: Path, role: str, ids: dict[str, list[list[int]]], dtype: type) -> None:
+    for side in SIDES:
+        rows = ids[side]
+        lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=offsets[-1])
+        np.save(out / f"{role}.{side}.tokens.npy", flat)
+        np.save(out / f"{role}.{side}.offsets.npy", offsets)
+
+
+def _write_texts(out: Path, role: str, src: list[str], tgt: list[str]) -> None:
+    with (out / f"{role}.jsonl").open("w", encoding="utf-8") as file:
+        for s, t in zip(src, tgt, strict=True):
+            file.write(json.dumps({"src": s, "tgt": t}, ensure_ascii=False) + "\n")
+
+
+def _build(cfg: DataConfig, out: Path) -> dict:
+    """Write the whole cache into `out` (manifest last) and return the manifest."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    texts = {role: read_split(cfg, role) for role in ROLES}
+    for role, (src, _) in texts.items():
+        if not src:
+            raise DataError(f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty")
+    seconds["read"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    train_src, train_tgt = texts["train"]
+    pairs = [(s, t) for s, t in zip(train_src, train_tgt, strict=True) if s.strip() and t.strip()]
+    if not pairs:
+        raise DataError(f"the train split of {cfg.source} has no pair with two non-empty sides")
+    tokenizers = _get_tokenizers(cfg, [s for s, _ in pairs], [t for _, t in pairs])
+    seconds["tokenizer"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    encoded = {
+        role: {side: _encode(tokenizers, texts[role][k], side) for k, side in enumerate(SIDES)}
+        for role in ROLES
+    }
+    seconds["encode"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    vocab = max(tokenizers.src_vocab_size, tokenizers.tgt_vocab_size)
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
+    splits: dict[str, dict] = {}
+    for role in ROLES:
+        src, tgt = texts[role]
+        ids = encoded[role]
+        info: dict[str, object] = {"lines": len(src)}
+        if role == "train":
+            kept, info["filtered"] = _filter_train(cfg, ids["src"], ids["tgt"])
+            if not kept:
+                raise DataError(
+                    f"every train pair was filtered out ({info['filtered']}): raise "
+                    f"data.max_len ({cfg.max_len}) or data.max_ratio ({cfg.max_ratio})"
+                )
+            ids = {side: [ids[side][i] for i in kept] for side in SIDES}
+            src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
+        else:
+            long = sum(len(row) > cfg.max_len for side in SIDES for row in ids[side])
+            if long:
+                log.warning(
+                    "%s: truncated %d over-long side(s) to max_len=%d", role, long, cfg.max_len
+                )
+            ids = {side: [row[: cfg.max_len] for row in ids[side]] for side in SIDES}
+            info["truncated"] = long
+        _write_split(out, role, ids, dtype)
+        _write_texts(out, role, src, tgt)
+        info.update(
+            examples=len(src),
+            src_tokens=sum(map(len, ids["src"])),
+            tgt_tokens=sum(map(len, ids["tgt"])),
+        )
+        splits[role] = info
+    tokenizer_files = [p.name for p in tokenizers.save(out)]
+    seconds["write"] = time.perf_counter() - start
+
+    manifest = {
+        "version": CACHE_VERSION,
+        "settings": _settings(cfg),
+        "inputs": fingerprint(cfg),
+        "splits": splits,
+        "src_vocab_size": tokenizers.src_vocab_size,
+        "tgt_vocab_size": tokenizers.tgt_vocab_size,
+        "joint": tokenizers.joint,
+        "tokenizer_files": tokenizer_files,
+        "dtype": np.dtype(dtype).name,
+        "seconds": {stage: round(value, 3) for stage, value in seconds.items()},
+        "complete": True,
+    }
+    (out / MANIFEST).write_text(
+        json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8"
+    )
+    return manifest
+
+
+def report(manifest: dict) -> str:
+    """Human-readable summary: examples, tokens, filtered/truncated counts, vocab, timings."""
+    vocab = f"src {manifest['src_vocab_size']} tgt {manifest['tgt_vocab_size']}"
+    lines = [f"vocab: {vocab} (joint: {manifest['joint']})"]
+    for role, info in manifest["splits"].items():
+        extra = info.get("filtered", {"truncated": info.get("truncated", 0)})
+        details = " ".join(f"{name}={count}" for name, count in extra.items())
+        lines.append(
+            f"{role:5s}: {info['examples']:>9d} of {info['lines']:>9d} pairs, "
+            f"{info['src_tokens']:>10d} src / {info['tgt_tokens']:>10d} tgt tokens; {details}"
+        )
+    lines.append("seconds: " + " ".join(f"{k}={v}" for k, v in manifest["seconds"].items()))
+    return "\n".join(lines)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="prepare", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """`python -m aiayn.data.prepare data=<name> [data.key=value ...]`: build and report."""
+    data = data_config(cfg.data)
+    path = prepare(data)
+    print(f"data cache: {path}\n{report(load_manifest(path))}")
+
+
+if __name__ == "__main__":
+    main()
