@@ -1,0 +1,240 @@
+"""Greedy and beam-search decoding."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from model_helpers import PAD, random_tokens, tiny_model
+
+from aiayn.model import DecodeConfig, Hypothesis, Transformer, generate
+from aiayn.model.generate import length_penalty
+
+BOS, EOS = 1, 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"strategy": "sample"}, "strategy"),
+        ({"beam_size": 0}, "beam_size"),
+        ({"nbest": 0}, "nbest"),
+        ({"strategy": "beam", "beam_size": 2, "nbest": 3}, "nbest"),
+        ({"strategy": "greedy", "nbest": 2}, "nbest"),
+        ({"length_penalty": -1.0}, "length_penalty"),
+        ({"max_len_a": -0.5}, "max_len_a"),
+        ({"max_len_b": 1.5}, "max_len_b"),
+    ],
+)
+def test_invalid_decode_config_names_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"DecodeConfig\.{field}\b"):
+        DecodeConfig(**overrides)
+
+
+def peaky_model(seed: int = 0) -> Transformer:
+    """A random tiny model with sharper output distributions (varied, source-dependent)."""
+    model = tiny_model(seed, share_embeddings="none", norm_first=True)
+    with torch.no_grad():
+        model.output.weight.mul_(4.0)
+    return model
+
+
+def padded_batch() -> tuple[torch.Tensor, list[int]]:
+    lengths = [5, 9, 3]
+    src = random_tokens(3, 9, 23, seed=21)
+    for row, n in enumerate(lengths):
+        src[row, n:] = PAD
+    return src, lengths
+
+
+def test_beam_size_one_equals_greedy() -> None:
+    model = peaky_model()
+    src, _ = padded_batch()
+    greedy = generate(model, src, DecodeConfig(max_len_b=6), eos_id=EOS)
+    beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6), eos_id=EOS)
+    assert beam == greedy  # tokens and scores, exactly
+    assert [len(h) for h in greedy] == [1, 1, 1]
+    # some hypotheses end with EOS and some at the length limit, so both paths are compared
+    for eos_id in (5, 9, 13):
+        greedy = generate(model, src, DecodeConfig(max_len_b=6), eos_id=eos_id)
+        beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6), eos_id=eos_id)
+        assert beam == greedy
+
+
+@pytest.mark.parametrize(
+    "config",
+    [DecodeConfig(max_len_b=7), DecodeConfig("beam", beam_size=3, nbest=3, max_len_b=7)],
+)
+def test_sentence_decodes_the_same_alone_and_in_a_padded_batch(config: DecodeConfig) -> None:
+    model = peaky_model(1)
+    src, lengths = padded_batch()
+    batch = generate(model, src, config, eos_id=7)
+    for row, n in enumerate(lengths):
+        (alone,) = generate(model, src[row : row + 1, :n], config, eos_id=7)
+        assert [h.tokens for h in alone] == [h.tokens for h in batch[row]]
+        for a, b in zip(alone, batch[row], strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_scores_are_length_normalised_logprobs_in_order() -> None:
+    model = peaky_model(2)
+    src, _ = padded_batch()
+    alpha = 0.6
+    config = DecodeConfig("beam", beam_size=4, nbest=4, length_penalty=alpha, max_len_b=5)
+    results = generate(model, src, config, eos_id=11)
+    for row, hyps in enumerate(results):
+        assert len(hyps) == 4
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+        max_len = 5 + int((src[row] != PAD).sum())
+        for h in hyps:  # recompute by teacher forcing; shorter than max_len = ended with EOS
+            assert len(h.tokens) <= max_len
+            target = [*h.tokens, 11] if len(h.tokens) < max_len else h.tokens
+            with torch.no_grad():
+                logits = model(src[row : row + 1], torch.tensor([[BOS, *target[:-1]]]))
+            logprob = logits[0].log_softmax(-1).gather(1, torch.tensor(target)[:, None]).sum()
+            expected = logprob.item() / length_penalty(len(target), alpha)
+            assert h.score == pytest.approx(expected, abs=1e-4)
+
+
+def test_length_penalty_formula() -> None:
+    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(13, 1.0) == pytest.approx(3.0)
+    assert length_penalty(9, 0.0) == 1.0
+
+
+class MarkovModel:
+    """A stand-in for ``Transformer``: the next token depends on the previous one only,
+    through a hand-made table of probabilities; counts ``decode`` calls."""
+
+    def __init__(self, table: dict[int, dict[int, float]], vocab: int = 5) -> None:
+        self.config = SimpleNamespace(pad_id=PAD, max_positions=100, tgt_vocab_size=vocab)
+        logp = torch.full((vocab, vocab), math.log(1e-9))
+        for prev, row in table.items():
+            for nxt, p in row.items():
+                logp[prev, nxt] = math.log(p)
+        self.logp = logp
+        self.calls = 0
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(src.size(0), src.size(1), 1)
+
+    def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> Any:
+        return SimpleNamespace(reorder=lambda index, cross=True: None)
+
+    def decode(self, tokens: torch.Tensor, memory: Any, cache: Any = None) -> torch.Tensor:
+        self.calls += 1
+        return self.logp[tokens[:, -1]][:, None]
+
+
+A, B_ = 3, 4  # two ordinary tokens
+TABLE = {
+    BOS: {EOS: 0.4, A: 0.6},
+    A: {B_: 0.7, EOS: 0.3},
+    B_: {EOS: 0.7, A: 0.3},
+}
+
+
+def test_length_penalty_changes_the_winner_on_a_hand_made_case() -> None:
+    src = torch.tensor([[5, 6]])
+    short = math.log(0.4)  # [] then EOS: |Y| = 1
+    mid = math.log(0.6) + math.log(0.3)  # [a] EOS: |Y| = 2
+    long = math.log(0.6) + math.log(0.7) + math.log(0.7)  # [a b] EOS: |Y| = 3
+    for alpha, best in ((0.0, []), (2.0, [A, B_])):
+        config = DecodeConfig("beam", beam_size=3, nbest=3, length_penalty=alpha)
+        (hyps,) = generate(MarkovModel(TABLE), src, config)  # type: ignore[arg-type]
+        expected = sorted(
+            [
+                Hypothesis([], short / length_penalty(1, alpha)),
+                Hypothesis([A], mid / length_penalty(2, alpha)),
+                Hypothesis([A, B_], long / length_penalty(3, alpha)),
+            ],
+            key=lambda h: -h.score,
+        )
+        assert hyps[0].tokens == best
+        assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+        for h, e in zip(hyps, expected, strict=True):
+            assert h.score == pytest.approx(e.score, abs=1e-6)
+
+
+@pytest.mark.parametrize("config", [DecodeConfig(), DecodeConfig("beam", beam_size=2)])
+def test_stops_early_once_every_sentence_has_ended(config: DecodeConfig) -> None:
+    model = MarkovModel({BOS: {EOS: 0.9, A: 0.05, B_: 0.05}, A: {EOS: 1.0}, B_: {EOS: 1.0}})
+    src = torch.tensor([[5, 6, 7], [5, PAD, PAD]])
+    results = generate(model, src, config)  # type: ignore[arg-type]
+    assert [r[0].tokens for r in results] == [[], []]
+    assert results[0][0].score == pytest.approx(math.log(0.9))
+    assert model.calls == (1 if config.strategy == "greedy" else 2)  # not max_len = 50+
+
+
+def scripted_model(
+    successor: dict[int, int], vocab: int = 10, never_eos: bool = False
+) -> Transformer:
+    """A real Transformer whose decoder maps the previous token ``i`` to ``successor[i]``:
+    sublayer outputs zeroed, one-hot target embeddings, output rows pointing back at them.
+    ``never_eos``: EOS gets logit -100 whatever the input (through an unused dimension)."""
+    model = tiny_model(
+        tgt_vocab_size=vocab,
+        src_vocab_size=vocab,
+        share_embeddings="none",
+        norm_first=True,
+        positional="learned",
+        max_positions=64,
+    )
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            for linear in (layer.self_attn.out_proj, layer.cross_attn.out_proj, layer.ff.linear2):
+                linear.weight.zero_()
+                linear.bias.zero_()
+        model.tgt_embed.positional.weight.zero_()
+        model.tgt_embed.token.weight.copy_(torch.eye(vocab, 16))
+        model.output.weight.zero_()
+        for prev, nxt in successor.items():
+            model.output.weight[nxt, prev] += 10.0
+        if never_eos:
+            model.decoder.norm.bias[15] = 1.0
+            model.output.weight[EOS, 15] = -100.0
+    return model
+
+
+@pytest.mark.parametrize(
+    "config", [DecodeConfig(), DecodeConfig("beam", beam_size=3, nbest=2, length_penalty=1.0)]
+)
+def test_scripted_model_emits_its_sequence(config: DecodeConfig) -> None:
+    model = scripted_model({BOS: 5, 5: 6, 6: 7, 7: EOS})
+    src = random_tokens(2, 4, 10)
+    src[1, 2:] = PAD
+    results = generate(model, src, config)
+    for hyps in results:
+        assert hyps[0].tokens == [5, 6, 7]
+        assert -0.01 < hyps[0].score <= 0.0  # near-certain
+        if config.nbest > 1:
+            assert hyps[1].score < hyps[0].score - 10
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodeConfig(max_len_a=1.0, max_len_b=2),
+        DecodeConfig("beam", beam_size=2, max_len_a=1.0, max_len_b=2),
+    ],
+)
+def test_respects_max_length_per_sentence(config: DecodeConfig) -> None:
+    model = scripted_model({BOS: 5, 5: 6, 6: 5}, never_eos=True)
+    src = random_tokens(3, 6, 10)
+    src[0, 1:] = PAD
+    src[2, 4:] = PAD
+    results = generate(model, src, config)
+    assert [len(r[0].tokens) for r in results] == [1 + 2, 6 + 2, 4 + 2]
+    assert results[1][0].tokens == [5, 6, 5, 6, 5, 6, 5, 6]
+
+
+def test_max_length_is_capped_to_max_positions() -> None:
+    model = scripted_model({BOS: 5, 5: 6, 6: 5}, never_eos=True)
+    (hyps,) = generate(model, random_tokens(1, 6, 10), DecodeConfig(max_len_a=20.0))
+    assert len(hyps[0].tokens) == model.config.max_positions
