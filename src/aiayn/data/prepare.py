@@ -127,13 +127,13 @@ def _encode(tokenizers: Tokenizers, texts: list[str], side: str) -> list[list[in
     return ids
 
 
-def _filter_train(cfg: DataConfig, src: list[list[int]], tgt: list[list[int]]) -> tuple:
+def _filter_train(cfg: DataConfig, texts: tuple, ids: dict[str, list[list[int]]]) -> tuple:
     """Kept indices and {'empty', 'too_long', 'ratio'} counts of dropped train pairs."""
     counts = {"empty": 0, "too_long": 0, "ratio": 0}
     kept = []
-    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
+    for i, (s, t) in enumerate(zip(ids["src"], ids["tgt"], strict=True)):
         short, long = sorted((len(s), len(t)))
-        if short == 0:
+        if not texts[0][i].strip() or not texts[1][i].strip():
             counts["empty"] += 1
         elif long > cfg.max_len:
             counts["too_long"] += 1
@@ -195,7 +195,7 @@ def _build(cfg: DataConfig, out: Path) -> dict:
         ids = encoded[role]
         info: dict[str, object] = {"lines": len(src)}
         if role == "train":
-            kept, info["filtered"] = _filter_train(cfg, ids["src"], ids["tgt"])
+            kept, info["filtered"] = _filter_train(cfg, texts[role], ids)
             if not kept:
                 raise DataError(
                     f"every train pair was filtered out ({info['filtered']}): raise "

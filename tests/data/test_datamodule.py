@@ -1,0 +1,155 @@
+"""TranslationDataModule end to end: toy and Multi30k, Batch contents, Lightning, configs."""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from omegaconf import OmegaConf
+
+from aiayn.data.config import DataConfig, data_config
+from aiayn.data.datamodule import TranslationDataModule
+from aiayn.data.dataset import Batch, collate_sources
+from aiayn.data.errors import DataError
+from aiayn.data.special import BOS, EOS, PAD
+
+CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
+
+
+def toy_module(tmp_path: Path, **overrides: object) -> TranslationDataModule:
+    settings = {
+        "cache_dir": str(tmp_path / "cache"),
+        "toy_train_size": 400,
+        "toy_val_size": 40,
+        "toy_test_size": 40,
+        "max_tokens": 300,
+        **overrides,
+    }
+    cfg = data_config(OmegaConf.merge(OmegaConf.load(CONF_DATA / "toy.yaml"), settings))
+    return TranslationDataModule(cfg, seed=5)
+
+
+@pytest.mark.parametrize("name", ["toy", "multi30k", "files", "hf"])
+def test_shipped_yaml_composes(name: str) -> None:
+    cfg = data_config(OmegaConf.load(CONF_DATA / f"{name}.yaml"))
+    assert isinstance(cfg, DataConfig) and cfg.source == name
+
+
+def test_batches_references_and_sources(tmp_path: Path) -> None:
+    dm = toy_module(tmp_path)
+    with pytest.raises(DataError, match="call prepare_data"):
+        _ = dm.src_vocab_size
+    dm.prepare_data()
+    dm.prepare_data()  # idempotent
+    dm.setup("fit")
+    assert dm.src_vocab_size == dm.tgt_vocab_size == dm.tokenizers.src_vocab_size
+    assert dm.padding_efficiency is not None and dm.padding_efficiency > 0.9
+    seen = []
+    for split in ("train", "val", "test"):
+        for batch in dm.dataloader(split):
+            assert isinstance(batch, Batch)
+            assert batch.src.shape[0] * max(batch.src.shape[1], batch.tgt_in.shape[1]) <= 300
+            assert (batch.tgt_in[:, 0] == BOS).all()
+            rows = torch.arange(len(batch.ids))
+            assert (batch.tgt_out[rows, batch.tgt_lengths - 1] == EOS).all()
+            assert (batch.src[rows, batch.src_lengths - 1] == EOS).all()
+            assert batch.num_tgt_tokens == int((batch.tgt_out != PAD).sum())
+            assert batch.num_src_tokens == int((batch.src != PAD).sum())
+            assert (
+                (batch.tgt_in[:, 1:] == batch.tgt_out[:, :-1])
+                .logical_or(batch.tgt_out[:, :-1] == EOS)
+                .all()
+            )
+            refs = [dm.references(split)[i] for i in batch.ids.tolist()]
+            assert dm.tokenizers.decode(batch.tgt_out.tolist(), "tgt") == refs
+            srcs = [dm.sources(split)[i] for i in batch.ids.tolist()]
+            assert dm.tokenizers.decode(batch.src.tolist(), "src") == srcs
+            if split == "val":
+                seen.extend(batch.ids.tolist())
+    assert sorted(seen) == list(range(40))
+    src, lengths = collate_sources(dm.tokenizers.encode(dm.sources("val")[:3], "src"))
+    first = next(iter(dm.val_dataloader()))
+    assert src.shape[0] == 3 and (src[torch.arange(3), lengths - 1] == EOS).all()
+    assert first.src.dtype == torch.int64
+    moved = move_data_to_device(first, torch.device("cpu"))
+    assert isinstance(moved, Batch) and moved.num_src_tokens == first.num_src_tokens
+
+
+class _Recorder(L.LightningModule):
+    """Records the example ids of each training batch; saves the datamodule state at step 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.ids: list[list[list[int]]] = []
+        self.state: dict | None = None
+
+    def on_train_epoch_start(self) -> None:
+        self.ids.append([])
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        assert isinstance(batch, Batch)
+        self.ids[-1].append(batch.ids.tolist())
+        return (self.weight * batch.src.float().mean()).sum()
+
+    def on_train_batch_end(self, outputs: object, batch: Batch, batch_idx: int) -> None:
+        if self.current_epoch == 1 and batch_idx == 2:
+            self.state = self.trainer.datamodule.state_dict()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_epochs_and_resume_position(tmp_path: Path) -> None:
+    dm = toy_module(tmp_path)
+    module = _Recorder()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(module, datamodule=dm)
+    first, second = module.ids
+    assert first != second
+    assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+    assert module.state == {"train_sampler": {"epoch": 1, "position": 3}}
+    resumed = toy_module(tmp_path)
+    resumed.prepare_data()
+    resumed.load_state_dict(module.state)
+    assert [batch.ids.tolist() for batch in resumed.train_dataloader()] == second[3:]
+
+
+@pytest.fixture(scope="module")
+def multi30k(
+    multi30k_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> TranslationDataModule:
+    node = OmegaConf.merge(
+        OmegaConf.load(CONF_DATA / "multi30k.yaml"),
+        {"root": str(multi30k_root), "cache_dir": str(tmp_path_factory.mktemp("cache"))},
+    )
+    dm = TranslationDataModule(data_config(node))
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def test_multi30k_padding_efficiency(multi30k: TranslationDataModule) -> None:
+    assert multi30k.cfg.max_tokens == 4096
+    assert multi30k.padding_efficiency is not None and multi30k.padding_efficiency >= 0.95
+
+
+def test_multi30k_round_trip_and_test_split(multi30k: TranslationDataModule) -> None:
+    assert len(multi30k.references("test")) == 1000 and len(multi30k.sources("val")) == 1014
+    for side, texts in (("src", multi30k.sources("val")), ("tgt", multi30k.references("test"))):
+        decoded = multi30k.tokenizers.decode(multi30k.tokenizers.encode(texts, side), side)
+        expected = [unicodedata.normalize("NFKC", text).strip() for text in texts]
+        assert decoded == expected

@@ -1,0 +1,227 @@
+"""prepare(): cache reuse and invalidation, filtering, atomicity, readers, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aiayn.data import prepare as prepare_module
+from aiayn.data.config import DataConfig, TokenizerConfig
+from aiayn.data.errors import DataError
+from aiayn.data.prepare import load_manifest, prepare
+from aiayn.data.tokenizer import Tokenizers
+
+from .conftest import SIZES
+
+MakeCfg = Callable[..., DataConfig]
+
+
+def cache_entries(cfg: DataConfig) -> list[str]:
+    return sorted(path.name for path in Path(cfg.cache_dir).iterdir())
+
+
+def test_second_run_reuses_cache(files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = prepare(files_cfg())
+    manifest = load_manifest(path)
+    assert manifest is not None and manifest["splits"]["val"]["examples"] == SIZES["val"]
+    monkeypatch.setattr(prepare_module, "_build", lambda *args: pytest.fail("rebuilt"))
+    assert prepare(files_cfg()) == path
+
+
+def test_changed_input_or_setting_rebuilds(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    path = prepare(files_cfg())
+    assert prepare(files_cfg(max_len=30)) != path
+    assert prepare(files_cfg(tokenizer=TokenizerConfig(vocab_size=250, min_frequency=1))) != path
+    with (corpus_dir / "val.de").open("a", encoding="utf-8") as file:
+        file.write("Ein neuer Satz.\n")
+    with (corpus_dir / "val.en").open("a", encoding="utf-8") as file:
+        file.write("A new sentence.\n")
+    rebuilt = prepare(files_cfg())
+    assert rebuilt != path
+    assert load_manifest(rebuilt)["splits"]["val"]["examples"] == SIZES["val"] + 1
+    assert prepare(files_cfg(max_tokens=512)) == rebuilt  # batching is not part of the key
+
+
+def test_train_is_filtered_val_is_truncated(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    long = " ".join(["Hund"] * 40)
+    extra = [("", "Leer."), ("Empty.", "  "), (long, long), ("Anna.", "Anna sieht " + long[:60])]
+    for name, side in (("train.en", 0), ("train.de", 1)):
+        with (corpus_dir / name).open("a", encoding="utf-8") as file:
+            file.writelines(pair[side] + "\n" for pair in extra)
+    with (corpus_dir / "val.en").open("a", encoding="utf-8") as file:
+        file.write(long + "\n")
+    with (corpus_dir / "val.de").open("a", encoding="utf-8") as file:
+        file.write("Hund.\n")
+    path = prepare(files_cfg(max_len=32, max_ratio=3.0))
+    splits = load_manifest(path)["splits"]
+    assert splits["train"]["filtered"] == {"empty": 2, "too_long": 1, "ratio": 1}
+    assert splits["train"]["examples"] == SIZES["train"]
+    assert splits["val"] == {**splits["val"], "examples": SIZES["val"] + 1, "truncated": 1}
+    offsets = np.load(path / "val.src.offsets.npy")
+    assert offsets[-1] - offsets[-2] == 32
+    texts = (path / "val.jsonl").read_text(encoding="utf-8").splitlines()
+    assert json.loads(texts[-1]) == {"src": long, "tgt": "Hund."}  # original text kept
+
+
+def test_interrupted_prepare_leaves_no_trusted_cache(
+    files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = prepare_module._write_texts
+
+    def crash(out: Path, role: str, *args: object) -> None:
+        if role == "test":
+            raise KeyboardInterrupt
+        original(out, role, *args)
+
+    monkeypatch.setattr(prepare_module, "_write_texts", crash)
+    cfg = files_cfg()
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg)
+    assert cache_entries(cfg) == []
+    assert load_manifest(prepare_module.cache_path(cfg)) is None
+    monkeypatch.setattr(prepare_module, "_write_texts", original)
+    assert load_manifest(prepare(cfg)) is not None
+
+
+def test_racing_prepares_end_with_one_cache(
+    files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = prepare_module._build
+    cfg = files_cfg()
+
+    def build_while_another_finishes(config: DataConfig, out: Path) -> dict:
+        monkeypatch.setattr(prepare_module, "_build", original)
+        prepare(config)  # the other process wins the rename
+        return original(config, out)
+
+    monkeypatch.setattr(prepare_module, "_build", build_while_another_finishes)
+    path = prepare(cfg)
+    assert cache_entries(cfg) == [path.name]
+    assert load_manifest(path) is not None
+
+
+def test_tsv_and_jsonl_sources(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    files: dict[str, dict[str, list[str]]] = {"tsv": {}, "jsonl": {}}
+    for role in SIZES:
+        en = (corpus_dir / f"{role}.en").read_text("utf-8").splitlines()
+        de = (corpus_dir / f"{role}.de").read_text("utf-8").splitlines()
+        rows = ["id\ttext_de\ttext_en"] + [
+            f"{i}\t{d}\t{e}" for i, (e, d) in enumerate(zip(en, de, strict=True))
+        ]
+        (corpus_dir / f"{role}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        records = [
+            json.dumps({"translation": {"en": e, "de": d}}) for e, d in zip(en, de, strict=True)
+        ]
+        (corpus_dir / f"{role}.jsonl").write_text("\n".join(records) + "\n", encoding="utf-8")
+        files["tsv"][role] = [f"{role}.tsv"]
+        files["jsonl"][role] = [f"{role}.jsonl"]
+    text = load_manifest(prepare(files_cfg()))
+    tsv = load_manifest(
+        prepare(files_cfg(files=files["tsv"], src_field="text_en", tgt_field="text_de"))
+    )
+    jsonl = load_manifest(prepare(files_cfg(files=files["jsonl"], parent_field="translation")))
+    assert text["splits"] == tsv["splits"] == jsonl["splits"]
+
+
+def test_hf_source_on_local_json(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    data_files = {}
+    for role, split in (("train", "train"), ("val", "validation"), ("test", "test")):
+        en = (corpus_dir / f"{role}.en").read_text("utf-8").splitlines()
+        de = (corpus_dir / f"{role}.de").read_text("utf-8").splitlines()
+        records = [
+            json.dumps({"translation": {"de": d, "en": e}}) for e, d in zip(en, de, strict=True)
+        ]
+        (corpus_dir / f"{split}.json").write_text("\n".join(records) + "\n", encoding="utf-8")
+        data_files[split] = str(corpus_dir / f"{split}.json")
+    cfg = files_cfg(
+        source="hf",
+        hf_name="json",
+        hf_data_files=data_files,
+        parent_field="translation",
+        val_split="validation",
+    )
+    hf = load_manifest(prepare(cfg))
+    assert hf["splits"] == load_manifest(prepare(files_cfg()))["splits"]
+
+
+def test_unequal_line_counts(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    with (corpus_dir / "train.de").open("a", encoding="utf-8") as file:
+        file.write("Noch ein Satz.\n")
+    with pytest.raises(DataError, match=r"train\.en has 300 lines but .*train\.de has 301"):
+        prepare(files_cfg())
+
+
+def test_missing_file(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    (corpus_dir / "test.de").unlink()
+    with pytest.raises(DataError, match=r"test\.de not found"):
+        prepare(files_cfg())
+
+
+def test_empty_corpus(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    for lang in ("en", "de"):
+        (corpus_dir / f"train.{lang}").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train split .* is empty"):
+        prepare(files_cfg())
+
+
+def test_undecodable_bytes(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    with (corpus_dir / "val.de").open("ab") as file:
+        file.write("Gr\xfc\xdfe\n".encode("latin-1"))
+    with (corpus_dir / "val.en").open("a", encoding="utf-8") as file:
+        file.write("Greetings\n")
+    with pytest.raises(DataError, match=r"val\.de, line 31: .*not UTF-8"):
+        prepare(files_cfg())
+    assert not Path(files_cfg().cache_dir).exists() or cache_entries(files_cfg()) == []
+
+
+def test_given_tokenizer_is_used_and_checked(files_cfg: MakeCfg, tmp_path: Path) -> None:
+    path = prepare(files_cfg())
+    given = files_cfg(tokenizer=TokenizerConfig(path=str(path / "tokenizer.json")))
+    reused = prepare(given)
+    assert Tokenizers.load(reused).src.to_str() == Tokenizers.load(path).src.to_str()
+    bad = json.loads((path / "tokenizer.json").read_text("utf-8"))
+    vocab = bad["model"]["vocab"]
+    vocab["<pad>"], vocab["<unk>"] = vocab["<unk>"], vocab["<pad>"]
+    for token in bad["added_tokens"]:
+        token["id"] = vocab[token["content"]]
+    (tmp_path / "bad.json").write_text(json.dumps(bad), encoding="utf-8")
+    with pytest.raises(DataError, match="special token ids"):
+        prepare(files_cfg(tokenizer=TokenizerConfig(path=str(tmp_path / "bad.json"))))
+
+
+def test_config_errors_name_the_field(files_cfg: MakeCfg) -> None:
+    with pytest.raises(ValueError, match=r"max_tokens=33 is smaller than .*max_len \+ 2 = 34"):
+        files_cfg(max_len=32, max_tokens=33)
+    with pytest.raises(ValueError, match=r"DataConfig\.files"):
+        files_cfg(files={"train": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"DataConfig\.source"):
+        files_cfg(source="wmt")
+
+
+def test_everything_filtered(files_cfg: MakeCfg) -> None:
+    with pytest.raises(DataError, match="every train pair was filtered out"):
+        prepare(files_cfg(max_len=2, max_tokens=64))
+
+
+def test_command_line_prepares_toy(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "aiayn.data.prepare",
+        f"data.cache_dir={tmp_path}",
+        "data.toy_train_size=200",
+        "data.toy_val_size=20",
+        "data.toy_test_size=20",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    assert "train:       200 of       200 pairs" in result.stdout
+    assert len(list(tmp_path.glob("toy-en-de-*/manifest.json"))) == 1
