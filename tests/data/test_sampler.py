@@ -36,9 +36,18 @@ def test_shards_are_equal_and_cover_everything() -> None:
             shards.append(list(sampler))
             assert len(shards[-1]) == len(sampler)
         assert len({len(shard) for shard in shards}) == 1
-        assert {i for shard in shards for b in shard for i in b} == set(range(2000))
+        assert sorted(i for shard in shards for b in shard for i in b) == list(range(2000))
     eval_shards = [list(make(shuffle=False, rank=r, world_size=3)) for r in range(3)]
     assert len({len(shard) for shard in eval_shards}) == 1
+    assert sorted(i for shard in eval_shards for b in shard for i in b) == list(range(2000))
+
+
+def test_fewer_examples_than_ranks_repeat() -> None:
+    shards = [
+        list(TokenBatchSampler([3, 4], [5, 2], 64, False, rank=r, world_size=3)) for r in range(3)
+    ]
+    assert [len(shard) for shard in shards] == [1, 1, 1]
+    assert {i for shard in shards for b in shard for i in b} == {0, 1}
 
 
 def test_deterministic_per_epoch_and_shuffled_between_epochs() -> None:

@@ -5,13 +5,13 @@ sorted by (width, len(x) - len(y)), so a batch holds pairs of equal width and si
 (ties in a random order for training), and cut greedily so that batch_size * max(width) <=
 max_tokens. On Multi30k at 4096 tokens the padding efficiency (real tokens / padded slots,
 both sides) is about 0.96. Training shuffles the order of the batches every epoch; evaluation
-keeps them in sorted order. Everything is a pure function of
-(seed, epoch, rank, world_size), and the number of batches never changes between epochs.
+keeps them in sorted order. Everything is a pure function of (seed, epoch, rank, world_size),
+and the number of batches never changes between epochs.
 
-Sharding: the batch list is padded by repeating batches from its start up to a multiple of
-world_size, and rank r takes batches r, r + world_size, ...: every rank gets the same number
-of batches and nothing is dropped (a few pairs are seen twice an epoch; in evaluation, dedupe
-by `Batch.ids` when that matters).
+Sharding: while the number of batches is not a multiple of world_size, the batch with the most
+examples is split in two (before shuffling, so it is the same split every epoch); rank r then
+takes batches r, r + world_size, ... Every rank gets the same number of batches and no example
+is dropped or repeated (only with fewer examples than ranks are batches repeated).
 """
 
 from __future__ import annotations
@@ -33,6 +33,21 @@ def token_batches(widths: np.ndarray, order: np.ndarray, max_tokens: int) -> lis
             start, widest = end, width
     if start < len(order):
         batches.append(order[start:])
+    return batches
+
+
+def split_to_multiple(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
+    """Split the largest batches in two until len(batches) is a multiple of world_size."""
+    batches = list(batches)
+    while len(batches) % world_size:
+        i = max(range(len(batches)), key=lambda k: len(batches[k]))
+        if len(batches[i]) < 2:
+            return [
+                batches[k % len(batches)]
+                for k in range(-(-len(batches) // world_size) * world_size)
+            ]
+        half = len(batches[i]) // 2
+        batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
     return batches
 
 
@@ -78,21 +93,22 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._num_batches = len(self.epoch_batches())
 
     def epoch_batches(self) -> list[np.ndarray]:
-        """All batches of the current epoch, in order, before sharding."""
+        """All batches of the current epoch, in order, before sharding (a multiple of
+        world_size of them)."""
         rng = np.random.default_rng([self.seed, self.epoch])
         n = len(self.widths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         shape = self.src_lengths[order] - self.tgt_lengths[order]
         order = order[np.lexsort((shape, self.widths[order]))]
-        batches = token_batches(self.widths, order, self.max_tokens)
+        batches = split_to_multiple(
+            token_batches(self.widths, order, self.max_tokens), self.world_size
+        )
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
     def _rank_batches(self) -> list[np.ndarray]:
-        batches = self.epoch_batches()
-        total = -(-len(batches) // self.world_size) * self.world_size
-        return [batches[i % len(batches)] for i in range(self.rank, total, self.world_size)]
+        return self.epoch_batches()[self.rank :: self.world_size]
 
     @property
     def sampler(self) -> TokenBatchSampler:
@@ -101,7 +117,7 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Batches per rank per epoch (the same on every rank and in every epoch)."""
-        return -(-self._num_batches // self.world_size)
+        return self._num_batches // self.world_size
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self._resume_at = self._resume_at, 0
