@@ -238,3 +238,13 @@ def test_max_length_is_capped_to_max_positions() -> None:
     model = scripted_model({BOS: 5, 5: 6, 6: 5}, never_eos=True)
     (hyps,) = generate(model, random_tokens(1, 6, 10), DecodeConfig(max_len_a=20.0))
     assert len(hyps[0].tokens) == model.config.max_positions
+
+
+def test_generate_in_bfloat16() -> None:
+    model = scripted_model({BOS: 5, 5: 6, 6: 7, 7: EOS}).to(torch.bfloat16)
+    src = random_tokens(2, 4, 10)
+    src[0, 2:] = PAD
+    for config in (DecodeConfig(), DecodeConfig("beam", beam_size=2, nbest=2)):
+        for hyps in generate(model, src, config):
+            assert hyps[0].tokens == [5, 6, 7]
+            assert all(math.isfinite(h.score) for h in hyps)
