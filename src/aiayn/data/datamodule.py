@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
@@ -136,6 +137,9 @@ class TranslationDataModule(L.LightningDataModule):
             collate_fn=collate,
             num_workers=workers,
             persistent_workers=workers > 0 and split == "train",
+            # its own generator: creating an iterator must not draw from the global RNG, or a
+            # resumed run's dropout masks would differ from an uninterrupted run's
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -152,8 +156,9 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"split must be one of {ROLES}, got {split!r}")
         if split not in self._texts:
             with (self.cache_path / f"{split}.jsonl").open(encoding="utf-8") as file:
-                self._texts[split] = [json.loads(line) for line in file]
-        return [record[side] for record in self._texts[split]]
+                records = [json.loads(line) for line in file]
+            self._texts[split] = {k: [r[k] for r in records] for k in ("src", "tgt")}
+        return self._texts[split][side]
 
     def references(self, split: str) -> list[str]:
         """Original target text of each example of split, indexed by `Batch.ids`."""

@@ -77,6 +77,10 @@ class Tokenizers:
     def tgt_vocab_size(self) -> int:
         return self.tgt.get_vocab_size()
 
+    def lowercases(self, side: str) -> bool:
+        """Whether `side` lowercases its input (then score BLEU on lowercased references)."""
+        return "Lowercase" in repr(self._side(side).normalizer)
+
     def _side(self, side: str) -> Tokenizer:
         if side not in SIDES:
             raise ValueError(f"side must be one of {SIDES}, got {side!r}")

@@ -1,0 +1,68 @@
+"""Callbacks and trainer plugins: sample translations for the console and W&B, atomic
+checkpoint writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
+from rich.console import Console
+from rich.table import Table
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write a checkpoint to `<name>.tmp` beside its target, fsync, then rename over it.
+
+    A process killed mid-write leaves the previous checkpoint intact (rename is atomic on
+    POSIX file systems), so `last.ckpt` is always a complete, loadable file.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+class SampleTranslations(L.Callback):
+    """After each validation, show the module's sample translations (source, reference,
+    hypothesis): a Rich table on the console and a `wandb.Table` when W&B logs the run."""
+
+    def __init__(self, console: bool = True) -> None:
+        self.console = console
+
+    @rank_zero_only
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        samples = getattr(pl_module, "samples", [])
+        if not samples or trainer.sanity_checking:
+            return
+        if self.console:
+            table = Table(title=f"val samples (step {trainer.global_step})", show_lines=True)
+            for column in ("source", "reference", "hypothesis"):
+                table.add_column(column, overflow="fold")
+            for s in samples:
+                table.add_row(s["source"], s["reference"], s["hypothesis"])
+            Console(stderr=True).print(table)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_table(
+                    key="val/samples",
+                    columns=["step", "source", "reference", "hypothesis"],
+                    data=[
+                        [trainer.global_step, s["source"], s["reference"], s["hypothesis"]]
+                        for s in samples
+                    ],
+                    step=trainer.global_step,
+                )

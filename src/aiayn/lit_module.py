@@ -1,0 +1,234 @@
+"""`TranslationModule`: the LightningModule around `Transformer`.
+
+It owns the loss (label-smoothed cross-entropy over non-padding tokens), the optimizer and
+its per-update schedule, the metrics (`train/*`, `val/*`, `test/*`) and what a checkpoint
+carries besides weights: the tokenizer (so a checkpoint alone translates) and the random
+number generator states (so a resumed run continues bit-for-bit).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.text import SacreBLEUScore
+
+from aiayn.data.dataset import Batch
+from aiayn.data.special import PAD
+from aiayn.data.tokenizer import Tokenizers
+from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
+from aiayn.model.summary import parameter_summary
+from aiayn.optim import OptimConfig, lr_multiplier
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Mean label-smoothed loss and mean NLL over the non-padding targets.
+
+    logits (B, T, V), target (B, T) with PAD where there is no token. The smoothed target puts
+    1 - ε on the gold token and ε spread uniformly over the vocabulary (as torch and the paper).
+    """
+    lprobs = logits.float().log_softmax(dim=-1)
+    keep = target.ne(PAD)
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -lprobs.mean(dim=-1)
+    ntokens = keep.sum().clamp(min=1)
+    nll = (nll * keep).sum() / ntokens
+    smooth = (smooth * keep).sum() / ntokens
+    return (1.0 - epsilon) * nll + epsilon * smooth, nll
+
+
+class TranslationModule(L.LightningModule):
+    """Train, validate and test a `Transformer` on `Batch`es of token ids.
+
+    Arguments are plain dicts (the resolved Hydra groups) so that
+    `TranslationModule.load_from_checkpoint(path)` needs nothing else.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any],
+        decode: dict[str, Any],
+        val_bleu: bool = True,
+        num_samples: int = 8,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_config = ModelConfig(**model)
+        self.optim_config = OptimConfig(**optim)
+        self.decode_config = DecodeConfig(**decode)
+        self.model = Transformer(self.model_config)
+        self._forward = torch.compile(self.model) if compile else self.model
+        self.tokenizers: Tokenizers | None = None
+        self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
+        self.bleu = nn.ModuleDict({"val": SacreBLEUScore(), "test": SacreBLEUScore()})
+        self.samples: list[dict[str, str]] = []
+        self._rng_to_restore: dict[str, Any] | None = None
+        self._last_step_end: float | None = None
+
+    # ------------------------------------------------------------------ forward and loss
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V); padding masks come from pad ids."""
+        return self._forward(src, tgt_in)
+
+    def _losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        logits = self(batch.src, batch.tgt_in)
+        return label_smoothed_loss(logits, batch.tgt_out, self.optim_config.label_smoothing)
+
+    # ------------------------------------------------------------------ training
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        if self._rng_to_restore is not None:  # deferred: the loaders have drawn their seeds
+            _set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+        if self._last_step_end is None:
+            self._last_step_end = time.perf_counter()
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        loss, nll = self._losses(batch)
+        size = batch.src.size(0)
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        self.log("train/ppl", torch.exp(nll.detach()), batch_size=size)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        elapsed = now - (self._last_step_end or now)
+        self._last_step_end = now
+        if elapsed > 0:
+            tokens = (batch.num_src_tokens + batch.num_tgt_tokens) * self.trainer.world_size
+            self.log("train/tokens_per_sec", tokens / elapsed, batch_size=batch.src.size(0))
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        self.log("train/grad_norm", norm)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optim_config
+        optimizer = torch.optim.Adam(
+            self.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.betas[0], cfg.betas[1]),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_multiplier(cfg, self.model_config.d_model)
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
+        }
+
+    # ------------------------------------------------------------------ evaluation
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def on_validation_epoch_start(self) -> None:
+        self.samples = []
+
+    def on_test_epoch_start(self) -> None:
+        self.samples = []
+
+    def _evaluate(self, batch: Batch, split: str) -> None:
+        _, nll = self._losses(batch)
+        self.nll[split].update(nll, weight=batch.tgt_out.ne(PAD).sum())
+        if not self.hparams.val_bleu and split == "val":
+            return
+        hyps = self.translate_batch(batch.src)
+        refs = self.trainer.datamodule.references(split)
+        refs = [refs[i] for i in batch.ids.tolist()]
+        if self.tokenizers.lowercases("tgt"):  # the model cannot produce capitals
+            refs = [r.lower() for r in refs]
+        self.bleu[split].update(hyps, [[r] for r in refs])
+        if len(self.samples) < self.hparams.num_samples:
+            sources = self.trainer.datamodule.sources(split)
+            for i, hyp, ref in zip(batch.ids.tolist(), hyps, refs, strict=True):
+                if len(self.samples) < self.hparams.num_samples:
+                    self.samples.append({"source": sources[i], "reference": ref, "hypothesis": hyp})
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, split: str) -> None:
+        nll = self.nll[split].compute()
+        self.log(f"{split}/loss", nll, sync_dist=False)
+        self.log(f"{split}/ppl", torch.exp(nll), sync_dist=False)
+        self.nll[split].reset()
+        if self.hparams.val_bleu or split == "test":
+            self.log(f"{split}/bleu", self.bleu[split].compute(), sync_dist=False)
+            self.bleu[split].reset()
+
+    @torch.no_grad()
+    def translate_batch(self, src: Tensor) -> list[str]:
+        """Best detokenized translation of each row of src (B, S)."""
+        if self.tokenizers is None:
+            raise RuntimeError(
+                "TranslationModule.tokenizers is not set; load a checkpoint or "
+                "attach the datamodule's tokenizers before decoding"
+            )
+        hyps = generate(self.model, src, self.decode_config)
+        return self.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.tokenizers is not None:
+            checkpoint["tokenizers"] = self.tokenizers.state()
+        checkpoint["rng_states"] = _get_rng_state()
+        checkpoint["parameter_summary"] = parameter_summary(self.model)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizers" in checkpoint:
+            self.tokenizers = Tokenizers.from_state(checkpoint["tokenizers"])
+        if self._trainer is not None and "rng_states" in checkpoint:
+            self._rng_to_restore = checkpoint["rng_states"]
+
+
+def _get_rng_state() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": _numpy_state_to_torch(np.random.get_state()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(_numpy_state_from_torch(state["numpy"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _numpy_state_to_torch(state: tuple) -> dict[str, Any]:
+    """numpy's RNG state in types `torch.load(weights_only=True)` accepts."""
+    name, keys, pos, has_gauss, cached = state
+    return {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def _numpy_state_from_torch(state: dict[str, Any]) -> tuple:
+    keys = state["keys"].numpy().astype(np.uint32)
+    return state["name"], keys, state["pos"], state["has_gauss"], state["cached"]

@@ -1,0 +1,82 @@
+"""Optimizer settings and the learning-rate schedules (pure functions of the update count).
+
+The paper (Section 5.3): Adam(β1=0.9, β2=0.98, ε=1e-9) and
+lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), stepped once per optimizer update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+SCHEDULES = ("noam", "inverse_sqrt", "constant")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and schedule (Hydra group `optim`).
+
+    schedule 'noam': lr = lr · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (paper: lr 1).
+    schedule 'inverse_sqrt': linear warmup to `lr`, then lr · sqrt(warmup / step) (fairseq).
+    schedule 'constant': linear warmup to `lr`, then `lr`.
+    """
+
+    schedule: str = "noam"
+    lr: float = 1.0
+    warmup_steps: int = 4000
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule={self.schedule!r} is unknown; use one of {SCHEDULES}")
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(
+                f"optim.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}"
+            )
+        if self.schedule == "noam" and self.warmup_steps == 0:
+            raise ValueError("optim.warmup_steps must be positive for the 'noam' schedule")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)!r}")
+        if not self.eps > 0:
+            raise ValueError(f"optim.eps must be positive, got {self.eps!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(
+                f"optim.label_smoothing must lie in [0, 1), got {self.label_smoothing!r}"
+            )
+
+
+def noam(step: int, warmup: int, d_model: int) -> float:
+    """The paper's rate at update `step` (1-based):
+    d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
+    step = max(step, 1)
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def inverse_sqrt(step: int, warmup: int) -> float:
+    """Multiplier: linear warmup to 1 over `warmup` updates, then sqrt(warmup / step)."""
+    step = max(step, 1)
+    if step < warmup:
+        return step / warmup
+    return math.sqrt(max(warmup, 1) / step)
+
+
+def constant(step: int, warmup: int) -> float:
+    """Multiplier: linear warmup to 1 over `warmup` updates, then 1."""
+    step = max(step, 1)
+    return min(1.0, step / warmup) if warmup > 0 else 1.0
+
+
+def lr_multiplier(config: OptimConfig, d_model: int):
+    """`LambdaLR` factor for `config`: maps the 0-based update count to lr / config.lr."""
+    if config.schedule == "noam":
+        return lambda i: noam(i + 1, config.warmup_steps, d_model)
+    if config.schedule == "inverse_sqrt":
+        return lambda i: inverse_sqrt(i + 1, config.warmup_steps)
+    return lambda i: constant(i + 1, config.warmup_steps)

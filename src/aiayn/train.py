@@ -1,0 +1,160 @@
+"""`run(cfg)`: what `python train.py` does, as a library function.
+
+Validate the composed config, prepare the data (tokenizer + binarized cache), build the
+module, trainer, loggers and callbacks, fit, test the best checkpoint, and write
+`metrics.json` into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from aiayn.callbacks import AtomicCheckpointIO
+from aiayn.config import ConfigError, TrainConfig, plain, to_schema
+from aiayn.data.datamodule import TranslationDataModule
+from aiayn.lit_module import TranslationModule
+from aiayn.model.summary import format_parameter_summary, parameter_summary
+
+log = logging.getLogger(__name__)
+
+
+def build(cfg: DictConfig) -> tuple[TrainConfig, TranslationDataModule, TranslationModule]:
+    """Validate `cfg`, prepare the data and build the module (vocab sizes from the tokenizer)."""
+    config = to_schema(cfg, TrainConfig)
+    _check_callbacks(config)
+    L.seed_everything(config.seed, workers=True)
+    datamodule = TranslationDataModule(config.data, seed=config.seed)
+    datamodule.prepare_data()
+    model_config = replace(
+        config.model,
+        src_vocab_size=datamodule.src_vocab_size,
+        tgt_vocab_size=datamodule.tgt_vocab_size,
+    )
+    module = TranslationModule(
+        model=plain(model_config),
+        optim=plain(config.optim),
+        decode=plain(config.decode),
+        val_bleu=config.val_bleu,
+        num_samples=config.num_samples,
+        compile=config.compile,
+    )
+    module.tokenizers = datamodule.tokenizers
+    return config, datamodule, module
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train (and test) as configured; returns the metrics also written to metrics.json."""
+    config, datamodule, module = build(cfg)
+    output_dir = Path(config.paths.output_dir)
+    callbacks = [instantiate(c) for c in config.callbacks.values() if c]
+    loggers: list[Logger] = [instantiate(c) for c in config.logger.values() if c]
+    trainer: L.Trainer = instantiate(
+        config.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+    )
+    failed = True
+    try:
+        summary = parameter_summary(module.model)
+        _log_run_info(trainer, cfg, summary, datamodule, output_dir)
+        metrics: dict[str, Any] = {}
+        if config.train:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
+            metrics["fit"] = _floats(trainer.callback_metrics)
+        if config.test:
+            checkpoint = _best_checkpoint(trainer)
+            results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
+            metrics["test"] = results[0] if results else {}
+            metrics["test_checkpoint"] = checkpoint
+        metrics.update(_checkpoint_info(trainer), parameters=summary, run_dir=str(output_dir))
+        metrics["resumed_from"] = config.ckpt_path
+        _write_metrics(output_dir / "metrics.json", metrics)
+        _print_result(metrics)
+        failed = False
+        return metrics
+    finally:
+        _finish_wandb(loggers, failed)
+
+
+def _check_callbacks(config: TrainConfig) -> None:
+    checkpoint = config.callbacks.get("model_checkpoint") or {}
+    if not config.val_bleu and checkpoint.get("monitor") == "val/bleu":
+        raise ConfigError(
+            "val_bleu=false, but callbacks.model_checkpoint.monitor=val/bleu; set "
+            "callbacks.model_checkpoint.monitor=val/loss callbacks.model_checkpoint.mode=min"
+        )
+
+
+@rank_zero_only
+def _log_run_info(
+    trainer: L.Trainer,
+    cfg: DictConfig,
+    summary: dict[str, int],
+    datamodule: TranslationDataModule,
+    output_dir: Path,
+) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    datamodule.tokenizers.save(output_dir)
+    log.info("parameters:\n%s", format_parameter_summary(summary))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for logger in trainer.loggers:
+        logger.log_hyperparams({"config": resolved, "parameters": summary})
+        if isinstance(logger, WandbLogger):
+            logger.experiment.define_metric("val/bleu", summary="max")
+            logger.experiment.define_metric("val/ppl", summary="min")
+            logger.experiment.summary.update({f"parameters/{k}": v for k, v in summary.items()})
+
+
+def _best_checkpoint(trainer: L.Trainer) -> str | None:
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.best_model_path:
+        return callback.best_model_path
+    return None
+
+
+def _checkpoint_info(trainer: L.Trainer) -> dict[str, Any]:
+    callback = trainer.checkpoint_callback
+    if not isinstance(callback, ModelCheckpoint):
+        return {}
+    best = callback.best_model_score
+    return {
+        "best_checkpoint": callback.best_model_path or None,
+        "last_checkpoint": callback.last_model_path or None,
+        "best": {callback.monitor: float(best)} if best is not None else {},
+    }
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}
+
+
+@rank_zero_only
+def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(metrics, indent=2, default=float) + "\n")
+    tmp.replace(path)
+
+
+@rank_zero_only
+def _print_result(metrics: dict[str, Any]) -> None:
+    test = metrics.get("test") or {}
+    if "test/bleu" in test:
+        print(f"test/bleu = {test['test/bleu']:.2f}  (run dir: {metrics['run_dir']})")
+
+
+def _finish_wandb(loggers: list[Logger], failed: bool) -> None:
+    """One W&B run per job, always finished (also when the job failed), so multirun jobs
+    that share a process never log into each other's run."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            logger.experiment.finish(exit_code=1 if failed else 0)

@@ -1,0 +1,108 @@
+"""Compose the real config tree the way `python train.py` does, for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from aiayn.config import CONF_DIR
+
+REPO = CONF_DIR.parent
+
+
+def compose_train(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
+    """conf/train.yaml + overrides, with Hydra's runtime set so ${hydra:...} resolves."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        if output_dir is not None:
+            cfg.paths.output_dir = str(output_dir)
+            cfg.paths.log_dir = str(output_dir / "logs")
+        del cfg.hydra
+    return cfg
+
+
+def fast_overrides(tmp_path: Path) -> list[str]:
+    """A tiny model on a small toy corpus: seconds per run on 2 CPU cores."""
+    return [
+        "model=tiny",
+        "logger=csv",
+        "callbacks=default",
+        "~callbacks.rich_progress_bar",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
+
+
+def cli(args: list[str], tmp_path: Path, module: str = "train.py", timeout: int = 600):
+    """Run an entry point as a user would (`python train.py ...`) with logs under tmp_path."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    command = [sys.executable, module] if module.endswith(".py") else [sys.executable, "-m", module]
+    return subprocess.run(
+        [*command, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli_overrides(tmp_path: Path) -> list[str]:
+    """fast_overrides for the command line, with all run directories under tmp_path."""
+    return [*fast_overrides(tmp_path), f"paths.log_dir={tmp_path / 'logs'}"]
+
+
+def run_dirs(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "logs" / "train" / "runs").iterdir())
+
+
+def read_wandb_records(path: Path) -> list:
+    """The protobuf records of a W&B `.wandb` transaction log (LevelDB log format: a 7-byte
+    ':W&B' header, then 32 KiB blocks of [crc32 4][length 2][type 1][payload] chunks)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    block, pos, records, pending = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer too small for a header: skip it
+            pos += block - pos % block
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST chunk: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+        elif kind == 0 and length == 0:
+            break
+    return records
+
+
+def wandb_history(path: Path) -> dict[str, list]:
+    """key -> values logged with run.log(), in order, from a `.wandb` file."""
+    import json
+
+    history: dict[str, list] = {}
+    for record in read_wandb_records(path):
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                history.setdefault(key, []).append(json.loads(item.value_json))
+    return history

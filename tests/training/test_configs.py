@@ -1,0 +1,93 @@
+"""Every shipped YAML composes into a valid TrainConfig; bad keys and values are named."""
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.config import CONF_DIR, ConfigError, TrainConfig, to_schema
+
+from .helpers import compose_train
+
+GROUPS = ["data", "model", "optim", "decode", "trainer", "logger", "callbacks", "experiment"]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+SHIPPED = [(g, o) for g in GROUPS for o in _options(g)]
+
+
+@pytest.mark.parametrize(("group", "option"), SHIPPED, ids=[f"{g}={o}" for g, o in SHIPPED])
+def test_every_shipped_config_composes_and_validates(group, option, tmp_path):
+    overrides = [f"{group}={option}"]
+    if group == "data" and option == "multi30k":
+        overrides.append("data.root=/nonexistent/multi30k")
+    cfg = compose_train(overrides, output_dir=tmp_path)
+    config = to_schema(cfg, TrainConfig)
+    assert isinstance(config, TrainConfig)
+
+
+@pytest.mark.parametrize("sweep", _options("sweep"))
+def test_every_named_sweep_defines_a_grid(sweep, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=[f"sweep={sweep}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params, f"conf/sweep/{sweep}.yaml defines no hydra.sweeper.params"
+    for key, values in params.items():
+        assert key.split(".")[0] in {"model", "optim", "data", "decode", "trainer"}
+        assert len(str(values).split(",")) >= 2
+
+
+def test_defaults_are_the_documented_ones(tmp_path):
+    config = to_schema(compose_train([], output_dir=tmp_path), TrainConfig)
+    assert config.data.source == "toy"
+    assert (config.model.d_model, config.model.num_heads) == (256, 4)
+    assert config.optim.schedule == "noam"
+    assert config.decode.strategy == "greedy"
+    assert config.trainer["_target_"] == "lightning.Trainer"
+    assert set(config.logger) == {"csv"}
+
+
+def test_paper_presets_match_the_paper(tmp_path):
+    base = to_schema(compose_train(["model=base"], output_dir=tmp_path), TrainConfig).model
+    assert (base.d_model, base.d_ff, base.num_heads, base.dropout) == (512, 2048, 8, 0.1)
+    assert (base.num_encoder_layers, base.num_decoder_layers, base.norm_first) == (6, 6, False)
+    big = to_schema(compose_train(["model=big"], output_dir=tmp_path), TrainConfig).model
+    assert (big.d_model, big.d_ff, big.num_heads, big.dropout) == (1024, 4096, 16, 0.3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+model.num_layers=3"], "num_layers"),
+        (["model.num_heads=5"], "num_heads"),
+        (["model.dropout=1.5"], "dropout"),
+        (["model.activation=swish"], "activation"),
+        (["model.d_model=abc"], "model.d_model"),
+        (["optim.schedule=cosine"], "optim.schedule"),
+        (["+trainer.max_stepz=3"], "max_stepz"),
+        (["data.tokenizer.joint=false"], "share_embeddings"),
+        (["data.max_len=600"], "max_positions"),
+        (["ckpt_path=/no/such.ckpt"], "ckpt_path"),
+    ],
+)
+def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):
+    cfg = compose_train(overrides, output_dir=tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        to_schema(cfg, TrainConfig)
+
+
+def test_config_errors_come_before_any_work(tmp_path):
+    """A bad value stops `build` before the data is prepared (no cache directory appears)."""
+    from aiayn.train import build
+
+    cache = tmp_path / "cache"
+    cfg = compose_train(["model.num_heads=3", f"data.cache_dir={cache}"], output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="num_heads"):
+        build(cfg)
+    assert not Path(cache).exists()

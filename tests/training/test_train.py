@@ -1,0 +1,216 @@
+"""`python train.py` end to end on tiny settings: learning, run directory, checkpoints,
+loggers, precision."""
+
+import json
+
+import pytest
+import torch
+
+from aiayn.callbacks import AtomicCheckpointIO
+from aiayn.lit_module import TranslationModule, label_smoothed_loss
+
+from .helpers import cli, cli_overrides, run_dirs
+
+SHORT = ["data.toy_train_size=2000", "data.toy_val_size=100", "data.toy_test_size=100"]
+
+
+def test_label_smoothed_loss_matches_torch_and_ignores_padding():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    target = torch.tensor([[4, 5, 6, 0, 0], [7, 8, 9, 10, 2]])
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    ref = torch.nn.functional.cross_entropy(
+        logits.view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=0.1
+    )
+    ref_nll = torch.nn.functional.cross_entropy(
+        logits.view(-1, 11), target.view(-1), ignore_index=0
+    )
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-6)
+    changed = logits.clone()
+    changed[0, 3:] = 100.0  # logits at padded positions do not matter
+    assert label_smoothed_loss(changed, target, 0.1)[0].item() == pytest.approx(loss.item())
+
+
+def test_atomic_checkpoint_write_never_replaces_a_good_file_with_a_partial_one(
+    tmp_path, monkeypatch
+):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+
+    def dies_midway(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(torch, "save", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {"step": 1}
+
+
+def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
+    """A tiny model learns the toy corpus far above its starting BLEU; the run directory has
+    .hydra/, best/last checkpoints, tokenizer.json, metrics.json and the CSV log."""
+    result = cli(
+        [
+            *cli_overrides(tmp_path),
+            *SHORT,
+            "trainer.max_epochs=12",
+            "trainer.check_val_every_n_epoch=4",
+            "optim.warmup_steps=100",
+            "optim.lr=3.0",
+            "model.dropout=0.0",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "tokenizer.json", "metrics.json"):
+        assert (run / name).is_file(), name
+    assert (run / "checkpoints" / "best.ckpt").is_file()
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["best_checkpoint"].endswith("best.ckpt")
+    assert metrics["parameters"]["total"] > 0
+    assert metrics["test"]["test/bleu"] > 40.0, metrics
+    assert "test/bleu" in result.stdout
+    csv_log = (run / "csv" / "metrics.csv").read_text().splitlines()
+    header = csv_log[0].split(",")
+    for key in (
+        "train/loss",
+        "train/ppl",
+        "train/lr",
+        "train/tokens_per_sec",
+        "train/grad_norm",
+        "val/loss",
+        "val/ppl",
+        "val/bleu",
+        "test/bleu",
+    ):
+        assert key in header, key
+    bleus = [
+        float(r.split(",")[header.index("val/bleu")])
+        for r in csv_log[1:]
+        if r.split(",")[header.index("val/bleu")]
+    ]
+    assert bleus[-1] > bleus[0] + 20, bleus
+
+    # a checkpoint alone is enough to translate: weights, config and tokenizer travel in it
+    module = TranslationModule.load_from_checkpoint(run / "checkpoints" / "best.ckpt")
+    module.eval()
+    ids = module.tokenizers.encode(["the red dog sees the big cat."], side="src")
+    src = torch.tensor([[*ids[0], 2]])
+    (hyp,) = module.translate_batch(src)
+    assert isinstance(hyp, str) and hyp.strip()
+
+
+def test_bf16_mixed_precision_trains_on_cpu(tmp_path):
+    result = cli(
+        [
+            *cli_overrides(tmp_path),
+            *SHORT,
+            "trainer.precision=bf16-mixed",
+            "trainer.max_steps=30",
+            "trainer.max_epochs=-1",
+            "trainer.val_check_interval=30",
+            "trainer.check_val_every_n_epoch=null",
+            "optim.warmup_steps=10",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    rows = (run / "csv" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    losses = [
+        float(r.split(",")[header.index("train/loss")])
+        for r in rows[1:]
+        if r.split(",")[header.index("train/loss")]
+    ]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_config_error_exits_with_a_clear_message(tmp_path):
+    result = cli([*cli_overrides(tmp_path), "model.num_heads=3"], tmp_path)
+    assert result.returncode != 0
+    assert "num_heads" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _wandb_log(run_dir):
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    return log
+
+
+def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
+    from .helpers import read_wandb_records, wandb_history
+
+    result = cli(
+        [
+            *cli_overrides(tmp_path),
+            *SHORT,
+            "logger=wandb",
+            "trainer.max_steps=20",
+            "trainer.max_epochs=-1",
+            "trainer.val_check_interval=10",
+            "trainer.check_val_every_n_epoch=null",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    log = _wandb_log(run)
+    history = wandb_history(log)
+    for key in (
+        "train/loss",
+        "train/lr",
+        "train/tokens_per_sec",
+        "val/bleu",
+        "val/ppl",
+        "test/bleu",
+    ):
+        assert key in history, key
+    assert len(history["val/bleu"]) == 2
+    assert "val/samples/_type" in history  # the table of sample translations
+    (table,) = run.glob("wandb/offline-run-*/files/media/table/val/samples_*.table.json")
+    data = json.loads(table.read_text())
+    assert data["columns"] == ["step", "source", "reference", "hypothesis"]
+    records = read_wandb_records(log)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    metrics = [r.metric for r in records if r.WhichOneof("record_type") == "metric"]
+    assert any(m.name == "val/bleu" and m.summary.max for m in metrics)
+    config = {
+        i.key for r in records if r.WhichOneof("record_type") == "config" for i in r.config.update
+    }
+    assert {"config", "parameters", "model", "optim"} <= config
+    summary = {
+        i.key for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update
+    }
+    assert "parameters/total" in summary
+    (exit_record,) = [r.exit for r, k in zip(records, kinds, strict=True) if k == "exit"]
+    assert exit_record.exit_code == 0
+
+
+def test_a_failing_job_still_finishes_its_wandb_run(tmp_path):
+    from .helpers import read_wandb_records
+
+    result = cli(
+        [
+            *cli_overrides(tmp_path),
+            *SHORT,
+            "logger=wandb",
+            "trainer.max_steps=20",
+            "+callbacks.fail._target_=tests.training.callbacks.FailAtStep",
+            "+callbacks.fail.step=3",
+        ],
+        tmp_path,
+    )
+    assert result.returncode != 0
+    assert "injected failure" in result.stderr
+    (run,) = run_dirs(tmp_path)
+    records = read_wandb_records(_wandb_log(run))
+    exits = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
+    assert len(exits) == 1 and exits[0].exit_code == 1
