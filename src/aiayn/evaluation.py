@@ -1,0 +1,112 @@
+"""Score a checkpoint on a split: translate the raw sources, write the hypotheses, and
+sacreBLEU BLEU + chrF with their signatures in `bleu.json`.
+
+`python evaluate.py ckpt_path=... [data=multi30k split=test decode=beam]` (conf/eval.yaml)
+calls `run`. Sources are read as text (`aiayn.data.corpus.read_split`) and tokenized with the
+checkpoint's tokenizer (not the data cache's), so any checkpoint scores on any corpus without
+preparing a cache. `data` unset means: the data config of the run that wrote the checkpoint
+(`<run>/.hydra/config.yaml`, beside `checkpoints/`).
+
+`tok_bleu: true` adds `bleu_lc`: BLEU on lowercased, 13a-tokenized text, close to the
+multi-bleu.perl-on-Moses-tokens numbers that papers report for e.g. Multi30k.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from sacrebleu.metrics import BLEU, CHRF
+
+from aiayn.config import ConfigError, PathsConfig, to_schema
+from aiayn.data.config import ROLES, DataConfig
+from aiayn.data.corpus import read_split
+from aiayn.translation import Translator, check_common, decode_config, load_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    """Everything `python evaluate.py` reads (conf/eval.yaml)."""
+
+    ckpt_path: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
+    data: Optional[DataConfig] = None  # noqa: UP045 (None: the checkpoint's run's data)
+    decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
+    split: str = "test"
+    tok_bleu: bool = False
+    batch_size: int = 64
+    on_long: str = "truncate"
+    device: str = "auto"
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    task_name: str = "eval"
+
+    def __post_init__(self) -> None:
+        check_common(self.ckpt_path, self.batch_size, self.on_long)
+        if self.split not in ROLES:
+            raise ConfigError(f"split must be one of {ROLES}, got {self.split!r}")
+
+
+def run_data_config(ckpt_path: str | Path) -> DataConfig:
+    """The `data` config of the training run that wrote `ckpt_path` (its `.hydra/config.yaml`
+    in the checkpoint's directory or the one above)."""
+    here = Path(ckpt_path).resolve().parent
+    for directory in (here, here.parent):
+        saved = directory / ".hydra" / "config.yaml"
+        if saved.is_file():
+            return to_schema(OmegaConf.load(saved).data, DataConfig)
+    raise ConfigError(
+        f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
+        "corpus, e.g. data=multi30k"
+    )
+
+
+def score(hypotheses: list[str], references: list[str], tok_bleu: bool = False) -> dict[str, Any]:
+    """sacreBLEU BLEU and chrF (and lowercased BLEU if tok_bleu) with their signatures."""
+    refs = [references]
+    metrics = {"bleu": BLEU(), "chrf": CHRF()}
+    if tok_bleu:
+        metrics["bleu_lc"] = BLEU(lowercase=True, tokenize="13a")
+    result: dict[str, Any] = {}
+    for name, metric in metrics.items():
+        value = metric.corpus_score(hypotheses, refs)
+        result[name] = value.score
+        result[f"{name}_signature"] = str(metric.get_signature())
+        result[f"{name}_verbose"] = f"{value} {metric.get_signature()}"
+    return result
+
+
+def run(cfg: DictConfig | dict) -> dict[str, Any]:
+    """What `python evaluate.py` does; returns what it writes to `<output_dir>/bleu.json`."""
+    config = to_schema(cfg, EvalConfig)
+    assert config.ckpt_path is not None  # checked by EvalConfig
+    data = config.data or run_data_config(config.ckpt_path)
+    module = load_checkpoint(config.ckpt_path, config.device)
+    decode = decode_config(module.decode_config, config.decode)
+    sources, references = read_split(data, config.split)
+    source = f"{data.source}:{config.split} source"
+    translator = Translator(module, decode, config.on_long)
+    hypotheses = translator.translate_all(sources, config.batch_size, source)
+
+    output_dir = Path(config.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    hyp_path = output_dir / f"hypotheses.{config.split}.txt"
+    hyp_path.write_text("".join(f"{h}\n" for h in hypotheses), encoding="utf-8")
+    result = {
+        **score(hypotheses, references, config.tok_bleu),
+        "split": config.split,
+        "num_sentences": len(hypotheses),
+        "checkpoint": str(Path(config.ckpt_path).resolve()),
+        "hypotheses": str(hyp_path),
+        "decode": asdict(decode),
+    }
+    (output_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    for name in ("bleu", "chrf", "bleu_lc"):
+        if name in result:
+            print(result[f"{name}_verbose"])
+    log.info("wrote %s and %s", hyp_path, output_dir / "bleu.json")
+    return result
