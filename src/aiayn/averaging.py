@@ -127,7 +127,7 @@ class AverageCheckpoints(L.Callback):
     A snapshot is taken after each validation (`every_n_steps=None`) or every `every_n_steps`
     optimizer steps, and of the final weights; one per step. The file is written with
     `trainer.save_checkpoint(weights_only=True)`, so it carries the hyper-parameters and the
-    tokenizer like any checkpoint.
+    tokenizer like any checkpoint, plus `averaged_from` (the snapshots' steps).
     """
 
     def __init__(
@@ -166,8 +166,13 @@ class AverageCheckpoints(L.Callback):
         self._snapshot(trainer, pl_module)
         current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         pl_module.load_state_dict(average_state_dicts([s for _, s in self.snapshots]))
-        trainer.save_checkpoint(self.path(trainer), weights_only=True)
+        path = self.path(trainer)
+        trainer.save_checkpoint(path, weights_only=True)
         pl_module.load_state_dict(current)
+        if trainer.is_global_zero:  # mark it, so that `--last N` never counts it
+            checkpoint = _load(path)
+            checkpoint["averaged_from"] = [f"step {step}" for step, _ in self.snapshots]
+            save(checkpoint, path)
 
     def path(self, trainer: L.Trainer) -> Path:
         """`dirpath/filename`; dirpath defaults to the ModelCheckpoint's, else

@@ -1,0 +1,128 @@
+"""One tiny checkpoint for all of tests/eval (trained once per session, ~20 s on 2 cores)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from aiayn.config import CONF_DIR
+from tests.training.helpers import compose_train
+
+TOY = ["data.toy_train_size=1500", "data.toy_val_size=40", "data.toy_test_size=30"]
+
+
+def compose_config(name: str, overrides: list[str], output_dir: Path) -> DictConfig:
+    """conf/<name>.yaml + overrides, ${hydra:...} resolved, output in output_dir."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(name, overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+        cfg.paths.log_dir = str(output_dir / "logs")
+        del cfg.hydra
+    return cfg
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_thread():
+    """One torch thread (also for subprocesses): these models are tiny, and two threads on
+    two shared cores spin while another process runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def data_overrides(cache_dir: Path) -> list[str]:
+    """The toy corpus the checkpoint was trained on (for evaluate's data=...)."""
+    return ["data=toy", *TOY, f"data.cache_dir={cache_dir}"]
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A finished tiny training run (40 steps: a barely trained model, whose output still
+    depends on its input): checkpoints/step{20,40}.ckpt, last.ckpt, averaged.ckpt (of the two
+    validations), attention/step{20,40}/*.png, and .hydra/config.yaml."""
+    from aiayn.train import run
+
+    out = tmp_path_factory.mktemp("run")
+    cfg = compose_train(
+        [
+            "model=tiny",
+            *TOY,
+            f"data.cache_dir={cache_dir}",
+            "callbacks=[default,average,attention]",
+            "~callbacks.rich_progress_bar",
+            "~callbacks.samples",
+            "callbacks.average.last=2",
+            "callbacks.model_checkpoint.save_top_k=-1",  # step20.ckpt, step40.ckpt
+            "callbacks.model_checkpoint.filename='step{step}'",
+            "data.max_tokens=1024",
+            "trainer.max_steps=40",
+            "trainer.max_epochs=-1",
+            "trainer.val_check_interval=20",
+            "trainer.check_val_every_n_epoch=null",
+            "trainer.num_sanity_val_steps=0",
+            "++trainer.enable_progress_bar=false",
+            "++trainer.enable_model_summary=false",
+            "logger=csv",
+            "test=false",
+        ],
+        output_dir=out,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # runs before the package-scoped one_thread
+    try:
+        run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    (out / ".hydra").mkdir()
+    OmegaConf.save(cfg, out / ".hydra" / "config.yaml")  # as Hydra does for real runs
+    return out
+
+
+@pytest.fixture(scope="session")
+def ckpt(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="session")
+def module(ckpt: Path):
+    from aiayn.translation import load_checkpoint
+
+    return load_checkpoint(ckpt, "cpu")
+
+
+@pytest.fixture(scope="session")
+def sources(run_dir: Path) -> list[str]:
+    """The first toy test sentences (raw text)."""
+    from aiayn.data.corpus import read_split
+    from aiayn.evaluation import run_data_config
+
+    return read_split(run_data_config(run_dir / "checkpoints" / "last.ckpt"), "test")[0][:6]
+
+
+def reference_translations(module, lines: list[str]) -> list[str]:
+    """What `TranslationModule.translate_batch` gives for lines ('' for blank lines), all
+    in one padded batch laid out as in training (x + <eos>)."""
+    from aiayn.data.dataset import collate_sources
+
+    texts = [line for line in lines if line.strip()]
+    src, _ = collate_sources(module.tokenizers.encode(texts, side="src"))
+    out = iter(module.translate_batch(src))
+    return [next(out) if line.strip() else "" for line in lines]

@@ -1,0 +1,89 @@
+"""evaluate.py: hypotheses in corpus order (as translate_batch gives them on the data
+pipeline's batches), bleu.json with sacreBLEU scores equal to scoring the written file, their
+signatures, the run's own data config by default, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+
+from aiayn.config import ConfigError
+from aiayn.data.corpus import read_split
+from aiayn.data.datamodule import TranslationDataModule
+from aiayn.evaluation import run, run_data_config, score
+from tests.eval.conftest import compose_config
+from tests.training.helpers import REPO
+
+
+@pytest.fixture(scope="module")
+def evaluated(ckpt, data_overrides, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    overrides = [f"ckpt_path={ckpt}", *data_overrides, "tok_bleu=true", "device=cpu"]
+    return out, run(compose_config("eval", overrides, out))
+
+
+def test_bleu_json_matches_sacrebleu_on_written_file(evaluated, ckpt):
+    out, result = evaluated
+    hyps = (out / "hypotheses.test.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    refs = read_split(run_data_config(ckpt), "test")[1]
+    saved = json.loads((out / "bleu.json").read_text())
+    assert saved == result
+    assert len(hyps) == len(refs) == saved["num_sentences"] == 30
+    assert saved["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score, abs=1e-9)
+    assert saved["chrf"] == pytest.approx(CHRF().corpus_score(hyps, [refs]).score, abs=1e-9)
+    lowercased = BLEU(lowercase=True).corpus_score(hyps, [refs]).score
+    assert saved["bleu_lc"] == pytest.approx(lowercased, abs=1e-9)
+    assert saved["chrf"] > 0
+    assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+    assert saved["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|")
+    assert "case:lc" in saved["bleu_lc_signature"]
+    assert saved["split"] == "test" and saved["decode"]["strategy"] == "greedy"
+
+
+def test_hypotheses_equal_translate_batch_on_data_batches(evaluated, module, ckpt):
+    out, _ = evaluated
+    hyps = (out / "hypotheses.test.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    datamodule = TranslationDataModule(run_data_config(ckpt))
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    expected: dict[int, str] = {}
+    for batch in datamodule.dataloader("test"):
+        expected.update(zip(batch.ids.tolist(), module.translate_batch(batch.src), strict=True))
+    assert hyps == [expected[i] for i in range(len(hyps))]
+    assert len(set(hyps)) > 3
+
+
+def test_data_defaults_to_the_runs_config(evaluated, ckpt, tmp_path):
+    _, first = evaluated
+    result = run(compose_config("eval", [f"ckpt_path={ckpt}", "device=cpu"], tmp_path))
+    assert result["bleu"] == first["bleu"] and result["chrf"] == first["chrf"]
+    alone = tmp_path / "alone.ckpt"
+    shutil.copy(ckpt, alone)
+    with pytest.raises(ConfigError, match="data=multi30k"):
+        run_data_config(alone)
+
+
+def test_score_perfect_and_partial():
+    refs = ["the cat sat on the mat .", "a dog runs in the park ."]
+    assert score(refs, refs)["bleu"] == pytest.approx(100.0)
+    hyps = ["the cat sat on a mat .", "a dog runs ."]
+    assert score(hyps, refs)["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
+
+
+def test_cli_missing_checkpoint_and_unknown_key(tmp_path):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "evaluate.py", *args, f"paths.log_dir={tmp_path}"]
+        return subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+        )
+
+    proc = cli(f"ckpt_path={tmp_path / 'missing.ckpt'}", "data=toy")
+    assert proc.returncode == 1
+    assert "missing.ckpt not found" in proc.stderr and "Traceback" not in proc.stderr
+    with pytest.raises(ConfigError, match="splitt"):
+        run(compose_config("eval", ["ckpt_path=x.ckpt", "+splitt=val"], tmp_path))

@@ -1,0 +1,54 @@
+"""Attention heatmaps: one PNG per kind and layer with one panel per head, sane sizes; the
+callback saved them at each validation of the fixture run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from aiayn.visualize import KINDS, attention_example, figures, main
+
+LAYERS = (1, 2)  # model=tiny: 2 + 2 layers, 4 heads
+NAMES = sorted(f"{kind}_layer{i}.png" for kind in KINDS for i in LAYERS)
+
+
+def _check_pngs(directory) -> None:
+    assert sorted(p.name for p in directory.glob("*.png")) == NAMES
+    for path in directory.glob("*.png"):
+        width, height = Image.open(path).size
+        assert 400 <= width <= 4000 and 150 <= height <= 3000, (path.name, width, height)
+
+
+def test_cli_writes_one_png_per_kind_and_layer(ckpt, tmp_path, capsys):
+    main(
+        [f"ckpt_path={ckpt}", "sentence=The red car washes seven birds.", f"output_dir={tmp_path}"]
+    )
+    _check_pngs(tmp_path)
+    assert "6 heatmaps" in capsys.readouterr().out
+
+
+def test_maps_shapes_rows_and_panels(module):
+    example = attention_example(module, "The red car washes seven birds.", target="Das rote Auto.")
+    assert example.src[-1] == "<eos>" and example.tgt_in[0] == "<bos>"
+    assert example.tgt_out[:-1] == example.tgt_in[1:] and example.tgt_out[-1] == "<eos>"
+    for kind in KINDS:
+        rows, cols = example.axes(kind)
+        assert len(example.maps[kind]) == len(LAYERS)
+        for weights in example.maps[kind]:
+            assert weights.shape == (4, len(rows), len(cols))
+            torch.testing.assert_close(weights.sum(-1), torch.ones(4, len(rows)))
+    causal = example.maps["decoder_self"][0]
+    assert torch.all(causal.triu(diagonal=1) == 0)
+    fig = figures(example)["decoder_cross_layer2"]
+    assert len(fig.axes) == 4  # one panel per head
+
+
+def test_callback_saved_pngs_per_validation(run_dir):
+    for step in (20, 40):
+        _check_pngs(run_dir / "attention" / f"step{step}")
+
+
+def test_cli_requires_sentence(ckpt):
+    with pytest.raises(SystemExit, match="sentence"):
+        main([f"ckpt_path={ckpt}"])
