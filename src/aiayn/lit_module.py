@@ -170,7 +170,8 @@ class TranslationModule(L.LightningModule):
         self.log(f"{split}/ppl", torch.exp(nll), sync_dist=False)
         self.nll[split].reset()
         if self.hparams.val_bleu or split == "test":
-            self.log(f"{split}/bleu", self.bleu[split].compute(), sync_dist=False)
+            # torchmetrics returns a fraction; BLEU is reported on sacreBLEU's 0-100 scale
+            self.log(f"{split}/bleu", 100.0 * self.bleu[split].compute(), sync_dist=False)
             self.bleu[split].reset()
 
     @torch.no_grad()

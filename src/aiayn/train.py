@@ -15,7 +15,7 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -58,6 +58,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     config, datamodule, module = build(cfg)
     output_dir = Path(config.paths.output_dir)
     callbacks = [instantiate(c) for c in config.callbacks.values() if c]
+    if not config.trainer.get("enable_progress_bar", True):  # so the flag alone turns it off
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     loggers: list[Logger] = [instantiate(c) for c in config.logger.values() if c]
     trainer: L.Trainer = instantiate(
         config.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]

@@ -57,10 +57,10 @@ def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
         [
             *cli_overrides(tmp_path),
             *SHORT,
-            "trainer.max_epochs=12",
-            "trainer.check_val_every_n_epoch=4",
-            "optim.warmup_steps=100",
-            "optim.lr=3.0",
+            "trainer.max_epochs=8",
+            "trainer.check_val_every_n_epoch=2",
+            "optim.warmup_steps=200",
+            "data.max_tokens=512",
             "model.dropout=0.0",
         ],
         tmp_path,
@@ -74,7 +74,7 @@ def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["best_checkpoint"].endswith("best.ckpt")
     assert metrics["parameters"]["total"] > 0
-    assert metrics["test"]["test/bleu"] > 40.0, metrics
+    assert metrics["test"]["test/bleu"] > 60.0, metrics
     assert "test/bleu" in result.stdout
     csv_log = (run / "csv" / "metrics.csv").read_text().splitlines()
     header = csv_log[0].split(",")
@@ -95,7 +95,7 @@ def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
         for r in csv_log[1:]
         if r.split(",")[header.index("val/bleu")]
     ]
-    assert bleus[-1] > bleus[0] + 20, bleus
+    assert bleus[-1] > bleus[0] + 40, bleus
 
     # a checkpoint alone is enough to translate: weights, config and tokenizer travel in it
     module = TranslationModule.load_from_checkpoint(run / "checkpoints" / "best.ckpt")
@@ -112,11 +112,13 @@ def test_bf16_mixed_precision_trains_on_cpu(tmp_path):
             *cli_overrides(tmp_path),
             *SHORT,
             "trainer.precision=bf16-mixed",
-            "trainer.max_steps=30",
+            "trainer.max_steps=60",
             "trainer.max_epochs=-1",
-            "trainer.val_check_interval=30",
+            "trainer.val_check_interval=60",
             "trainer.check_val_every_n_epoch=null",
-            "optim.warmup_steps=10",
+            "trainer.log_every_n_steps=5",
+            "optim.warmup_steps=30",
+            "data.max_tokens=512",
         ],
         tmp_path,
     )
@@ -130,7 +132,7 @@ def test_bf16_mixed_precision_trains_on_cpu(tmp_path):
         if r.split(",")[header.index("train/loss")]
     ]
     assert all(torch.isfinite(torch.tensor(losses)))
-    assert losses[-1] < losses[0] - 0.5, losses
+    assert losses[-1] < losses[0] - 1.0, losses
 
 
 def test_config_error_exits_with_a_clear_message(tmp_path):
@@ -175,8 +177,10 @@ def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
         assert key in history, key
     assert len(history["val/bleu"]) == 2
     assert "val/samples/_type" in history  # the table of sample translations
-    (table,) = run.glob("wandb/offline-run-*/files/media/table/val/samples_*.table.json")
-    data = json.loads(table.read_text())
+    tables = list(run.glob("wandb/offline-run-*/files/media/table/val/samples_*.table.json"))
+    assert len(tables) == 2  # one per validation
+    data = json.loads(tables[0].read_text())
+    assert len(data["data"]) == 8 and all(len(row) == 4 for row in data["data"])
     assert data["columns"] == ["step", "source", "reference", "hypothesis"]
     records = read_wandb_records(log)
     kinds = [r.WhichOneof("record_type") for r in records]
