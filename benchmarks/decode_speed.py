@@ -2,11 +2,11 @@
 model of the same size (random weights), greedy and beam 4, same inputs and output lengths.
 
     python benchmarks/decode_speed.py [--d-model 256 --heads 4 --layers 3 --ffn 1024
-        --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 3 --threads 2]
+        --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 5 --threads 2]
 
 Both sides decode exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: an
 `eos_id` no token has; HF: `eos_token_id=None`), and both keep a key/value cache. Prints
-sentences/s (best of `--repeats` after a warm-up) for each strategy side by side.
+sentences/s (best of `--repeats` alternating calls after a warm-up) for each strategy side by side.
 """
 
 from __future__ import annotations
@@ -24,15 +24,18 @@ PAD, BOS = 0, 1
 NO_EOS = -1  # an id no token has: aiayn decodes to the length limit
 
 
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """Seconds of the fastest of `repeats` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def best_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Seconds of the fastest of `repeats` calls of each fn after one warm-up call each. The
+    calls alternate between the fns, so that load from other processes hits all alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return [min(spent) for spent in times]
 
 
 def build(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel]:
@@ -87,7 +90,7 @@ def main() -> None:
         ("batch-size", 32),
         ("src-len", 20),
         ("new-tokens", 30),
-        ("repeats", 3),
+        ("repeats", 5),
         ("threads", 2),
     ]:
         parser.add_argument(f"--{name}", type=int, default=default)
@@ -135,8 +138,7 @@ def main() -> None:
     print(f"| {'strategy':<8} | {'aiayn sent/s':>12} | {'HF sent/s':>10} | {'speed-up':>8} |")
     print(f"|{'-' * 10}|{'-' * 14}|{'-' * 12}|{'-' * 10}|")
     for beams in (1, 4):
-        ours_s = best_time(aiayn(beams), args.repeats)
-        hf_s = best_time(hf(beams), args.repeats)
+        ours_s, hf_s = best_times([aiayn(beams), hf(beams)], args.repeats)
         name = "greedy" if beams == 1 else f"beam {beams}"
         print(
             f"| {name:<8} | {args.batch_size / ours_s:>12.1f} | {args.batch_size / hf_s:>10.1f} "
