@@ -254,6 +254,8 @@ def _open(path: str, mode: str) -> Iterator[TextIO]:
         return
     if mode == "r" and not Path(path).is_file():
         raise TranslationError(f"input file {path} not found")
+    if mode == "w":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, mode, encoding="utf-8", errors="replace", newline="\n") as file:
         yield file
 
