@@ -1,5 +1,5 @@
-"""Callbacks and trainer plugins: sample translations for the console and W&B, atomic
-checkpoint writes."""
+"""Callbacks and trainer plugins: the `last.ckpt` writer, atomic checkpoint writes, sample
+translations for the console and W&B."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
@@ -34,6 +35,43 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """`<dirpath>/last.ckpt`: after every validation, every `every_n_train_steps` updates
+    (when > 0) and at the end of training, whatever the metrics did.
+
+    (Lightning's `save_last` only writes when a top-k checkpoint was written in the same
+    step.) Being a ModelCheckpoint, it runs after the other callbacks, so the state it saves
+    (best score, early stopping) is final for the step; list it after `model_checkpoint`.
+    """
+
+    def __init__(self, dirpath: str, every_n_train_steps: int = 0) -> None:
+        super().__init__(dirpath=dirpath, filename="last", monitor=None, save_top_k=0)
+        self.every = every_n_train_steps
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(kind="last", every=self.every)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dirpath) / "last.ckpt"
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.every > 0 and trainer.global_step % self.every == 0:
+            self._save_checkpoint(trainer, str(self.path))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass  # only validations, step intervals and the end of training write last.ckpt
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._save_checkpoint(trainer, str(self.path))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_global_step_saved != trainer.global_step:
+            self._save_checkpoint(trainer, str(self.path))
 
 
 class SampleTranslations(L.Callback):

@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.callbacks import AtomicCheckpointIO
+from aiayn.callbacks import AtomicCheckpointIO, LastCheckpoint
 from aiayn.config import ConfigError, TrainConfig, plain, to_schema
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.lit_module import TranslationModule
@@ -116,23 +116,23 @@ def _log_run_info(
             logger.experiment.summary.update({f"parameters/{k}": v for k, v in summary.items()})
 
 
+def _best_callback(trainer: L.Trainer) -> ModelCheckpoint | None:
+    return next((c for c in trainer.checkpoint_callbacks if c.monitor is not None), None)
+
+
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
-    callback = trainer.checkpoint_callback
-    if isinstance(callback, ModelCheckpoint) and callback.best_model_path:
-        return callback.best_model_path
-    return None
+    callback = _best_callback(trainer)
+    return (callback.best_model_path or None) if callback else None
 
 
 def _checkpoint_info(trainer: L.Trainer) -> dict[str, Any]:
-    callback = trainer.checkpoint_callback
-    if not isinstance(callback, ModelCheckpoint):
-        return {}
-    best = callback.best_model_score
-    return {
-        "best_checkpoint": callback.best_model_path or None,
-        "last_checkpoint": callback.last_model_path or None,
-        "best": {callback.monitor: float(best)} if best is not None else {},
-    }
+    info: dict[str, Any] = {"best_checkpoint": _best_checkpoint(trainer), "best": {}}
+    callback = _best_callback(trainer)
+    if callback is not None and callback.best_model_score is not None:
+        info["best"] = {callback.monitor: float(callback.best_model_score)}
+    last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
+    info["last_checkpoint"] = str(last.path) if last and last.path.is_file() else None
+    return info
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
