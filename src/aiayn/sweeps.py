@@ -23,7 +23,7 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
     jobs = [p.parent.parent for p in multirun_dir.glob("*/.hydra/overrides.yaml")]
     for job in sorted(jobs, key=lambda p: (len(p.name), p.name)):
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
-        row: dict[str, Any] = {"job": job.name, "overrides": " ".join(overrides)}
+        row: dict[str, Any] = {"job": job.name, "overrides": overrides}
         metrics_file = job / "metrics.json"
         if not metrics_file.is_file():
             rows.append({**row, "status": "failed or running (no metrics.json)"})
@@ -40,6 +40,9 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
             }
         )
         rows.append(row)
+    shared = set.intersection(*(set(r["overrides"]) for r in rows)) if rows else set()
+    for row in rows:  # show what varies between the jobs, not what they all share
+        row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared)
     return rows
 
 

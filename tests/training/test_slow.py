@@ -166,7 +166,10 @@ def test_multirun_six_jobs_and_the_sweep_summary(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     table = (sweep_dir / "sweep.md").read_text().splitlines()
     assert len(table) == 2 + 6
-    assert "model.num_heads=8 model.norm_first=true" in "\n".join(table)
+    rows = [line.split(" | ")[1].lower() for line in table[2:]]  # only what varies is shown
+    assert rows == [
+        f"model.num_heads={h} model.norm_first={n}" for h in (1, 4, 8) for n in ("false", "true")
+    ]
     csv_rows = (sweep_dir / "sweep.csv").read_text().splitlines()
     assert len(csv_rows) == 7 and all(r.split(",")[3] for r in csv_rows[1:])
     assert (sweep_dir / "sweep.png").stat().st_size > 1000
