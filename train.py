@@ -6,6 +6,7 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.config import ConfigError
+from aiayn.data.errors import DataError
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -16,6 +17,8 @@ def main(cfg: DictConfig) -> float | None:
         metrics = run(cfg)
     except ConfigError as err:
         sys.exit(f"config error: {err}")
+    except DataError as err:
+        sys.exit(f"data error: {err}")
     return metrics.get("best", {}).get("val/bleu")  # the objective for Hydra sweepers
 
 

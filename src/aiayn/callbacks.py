@@ -58,20 +58,31 @@ class LastCheckpoint(ModelCheckpoint):
     def path(self) -> Path:
         return Path(self.dirpath) / "last.ckpt"
 
+    def _save(self, trainer: L.Trainer) -> None:
+        self._save_checkpoint(trainer, str(self.path))
+        for logger in trainer.loggers:  # the logged history reaches disk with the checkpoint
+            logger.save()
+
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if self.every > 0 and trainer.global_step % self.every == 0:
-            self._save_checkpoint(trainer, str(self.path))
+        step = trainer.global_step  # unchanged on the micro-batches of an accumulation window
+        if (
+            self.every > 0
+            and step > 0
+            and step % self.every == 0
+            and step != self._last_global_step_saved
+        ):
+            self._save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pass  # only validations, step intervals and the end of training write last.ckpt
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            self._save_checkpoint(trainer, str(self.path))
+            self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step:
-            self._save_checkpoint(trainer, str(self.path))
+            self._save(trainer)
 
 
 class SampleTranslations(L.Callback):

@@ -27,6 +27,14 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 T = TypeVar("T")
 
+# nested schemas name fields by class; users type them under these keys
+SCHEMA_KEYS = {
+    "TokenizerConfig": "data.tokenizer",
+    "DataConfig": "data",
+    "ModelConfig": "model",
+    "DecodeConfig": "decode",
+}
+
 
 class ConfigError(ValueError):
     """A composed config that cannot run; the message names the key and what to do."""
@@ -108,7 +116,23 @@ def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise
-        raise ConfigError(str(err)) from None
+        message = str(err)
+        for cls, key in SCHEMA_KEYS.items():  # name the key as the user types it
+            message = message.replace(f"{cls}.", f"{key}.")
+        raise ConfigError(message) from None
+
+
+def resume_run_dir(ckpt_path: str | None, default: str) -> str:
+    """The run directory to write to: the one holding `ckpt_path` when it is a checkpoint of
+    an earlier run (`<run>/checkpoints/x.ckpt` with `<run>/.hydra/`), else `default`."""
+    if ckpt_path:
+        run = Path(ckpt_path).resolve().parent.parent
+        if Path(ckpt_path).resolve().parent.name == "checkpoints" and (run / ".hydra").is_dir():
+            return str(run)
+    return default
+
+
+OmegaConf.register_new_resolver("aiayn_run_dir", resume_run_dir, replace=True)
 
 
 def plain(obj: Any) -> Any:

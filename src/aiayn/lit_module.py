@@ -65,7 +65,8 @@ class TranslationModule(L.LightningModule):
         self.optim_config = OptimConfig(**optim)
         self.decode_config = DecodeConfig(**decode)
         self.model = Transformer(self.model_config)
-        self._forward = torch.compile(self.model) if compile else self.model
+        if compile:
+            self.model.compile()  # in place: parameter names and checkpoints stay the same
         self.tokenizers: Tokenizers | None = None
         self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.bleu = nn.ModuleDict({"val": SacreBLEUScore(), "test": SacreBLEUScore()})
@@ -76,7 +77,7 @@ class TranslationModule(L.LightningModule):
     # ------------------------------------------------------------------ forward and loss
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V); padding masks come from pad ids."""
-        return self._forward(src, tgt_in)
+        return self.model(src, tgt_in)
 
     def _losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
         logits = self(batch.src, batch.tgt_in)
@@ -93,18 +94,22 @@ class TranslationModule(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, nll = self._losses(batch)
         size = batch.src.size(0)
-        self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        self.log("train/ppl", torch.exp(nll.detach()), batch_size=size)
+        # averaged over ranks, so the DDP curve is the global batch's, not rank 0's share
+        self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
+        self.log("train/ppl", torch.exp(nll.detach()), batch_size=size, sync_dist=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
         now = time.perf_counter()
-        elapsed = now - (self._last_step_end or now)
+        elapsed = max(now - (self._last_step_end or now), 1e-9)
         self._last_step_end = now
-        if elapsed > 0:
-            tokens = (batch.num_src_tokens + batch.num_tgt_tokens) * self.trainer.world_size
-            self.log("train/tokens_per_sec", tokens / elapsed, batch_size=batch.src.size(0))
+        # real (non-pad) source + target tokens per second, summed over ranks
+        rate = torch.tensor((batch.num_src_tokens + batch.num_tgt_tokens) / elapsed)
+        self.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
+
+    def on_validation_start(self) -> None:
+        self._last_step_end = None  # validation time is not training throughput
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import Logger, WandbLogger
@@ -29,10 +30,34 @@ from aiayn.model.summary import format_parameter_summary, parameter_summary
 log = logging.getLogger(__name__)
 
 
-def build(cfg: DictConfig) -> tuple[TrainConfig, TranslationDataModule, TranslationModule]:
-    """Validate `cfg`, prepare the data and build the module (vocab sizes from the tokenizer)."""
+def validate(cfg: DictConfig) -> TrainConfig:
+    """The typed config, with every check that needs no data: schemas, cross-group rules and,
+    when resuming, that the checkpoint was trained with the same model and optimizer."""
     config = to_schema(cfg, TrainConfig)
     _check_callbacks(config)
+    if config.ckpt_path:
+        _check_resume(config)
+    return config
+
+
+def build_trainer(config: TrainConfig) -> L.Trainer:
+    """Trainer, callbacks and loggers from their configs (bad arguments fail here, before any
+    data is read)."""
+    callbacks = [_instantiate(f"callbacks.{k}", c) for k, c in config.callbacks.items() if c]
+    if not config.trainer.get("enable_progress_bar", True):  # so the flag alone turns it off
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    loggers = [_instantiate(f"logger.{k}", c) for k, c in config.logger.items() if c]
+    return _instantiate(
+        "trainer",
+        config.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO()],
+    )
+
+
+def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule]:
+    """Prepare the data and build the module (vocabulary sizes from the tokenizer)."""
     L.seed_everything(config.seed, workers=True)
     datamodule = TranslationDataModule(config.data, seed=config.seed)
     datamodule.prepare_data()
@@ -50,30 +75,26 @@ def build(cfg: DictConfig) -> tuple[TrainConfig, TranslationDataModule, Translat
         compile=config.compile,
     )
     module.tokenizers = datamodule.tokenizers
-    return config, datamodule, module
+    return datamodule, module
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train (and test) as configured; returns the metrics also written to metrics.json."""
-    config, datamodule, module = build(cfg)
+    config = validate(cfg)
+    trainer = build_trainer(config)
+    loggers = trainer.loggers
     output_dir = Path(config.paths.output_dir)
-    callbacks = [instantiate(c) for c in config.callbacks.values() if c]
-    if not config.trainer.get("enable_progress_bar", True):  # so the flag alone turns it off
-        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    loggers: list[Logger] = [instantiate(c) for c in config.logger.values() if c]
-    trainer: L.Trainer = instantiate(
-        config.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
-    )
     failed = True
     try:
+        datamodule, module = build(config)
         summary = parameter_summary(module.model)
         _log_run_info(trainer, cfg, summary, datamodule, output_dir)
         metrics: dict[str, Any] = {}
         if config.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
-        if config.test:
-            checkpoint = _best_checkpoint(trainer)
+        if config.test:  # the best checkpoint of this run, or the one given when not training
+            checkpoint = _best_checkpoint(trainer) if config.train else config.ckpt_path
             results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
             metrics["test"] = results[0] if results else {}
             metrics["test_checkpoint"] = checkpoint
@@ -85,6 +106,31 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return metrics
     finally:
         _finish_wandb(loggers, failed)
+
+
+def _instantiate(key: str, node: Any, **kwargs: Any) -> Any:
+    try:
+        return instantiate(node, **kwargs)
+    except Exception as err:  # hydra wraps the target's own error; show it with the key
+        cause = err.__cause__ or err
+        raise ConfigError(f"{key}: {type(cause).__name__}: {cause}") from None
+
+
+def _check_resume(config: TrainConfig) -> None:
+    saved = torch.load(config.ckpt_path, map_location="cpu", weights_only=False, mmap=True)
+    hparams = saved.get("hyper_parameters", {})
+    current = {"model": plain(config.model), "optim": plain(config.optim)}
+    for group, values in current.items():
+        for key, value in values.items():
+            if key in ("src_vocab_size", "tgt_vocab_size"):  # set from the tokenizer
+                continue
+            old = hparams.get(group, {}).get(key, value)
+            if old != value:
+                raise ConfigError(
+                    f"ckpt_path={config.ckpt_path} was trained with {group}.{key}={old!r}, "
+                    f"this run has {group}.{key}={value!r}: resume with the overrides of the "
+                    "original run (its .hydra/overrides.yaml) plus ckpt_path"
+                )
 
 
 def _check_callbacks(config: TrainConfig) -> None:
@@ -111,8 +157,10 @@ def _log_run_info(
     for logger in trainer.loggers:
         logger.log_hyperparams({"config": resolved, "parameters": summary})
         if isinstance(logger, WandbLogger):
-            logger.experiment.define_metric("val/bleu", summary="max")
-            logger.experiment.define_metric("val/ppl", summary="min")
+            for name, summary_kind in (("val/bleu", "max"), ("val/ppl", "min")):
+                logger.experiment.define_metric(
+                    name, step_metric="trainer/global_step", summary=summary_kind
+                )
             logger.experiment.summary.update({f"parameters/{k}": v for k, v in summary.items()})
 
 

@@ -46,7 +46,9 @@ def test_every_named_sweep_defines_a_grid(sweep, tmp_path):
 def test_defaults_are_the_documented_ones(tmp_path):
     config = to_schema(compose_train([], output_dir=tmp_path), TrainConfig)
     assert config.data.source == "toy"
-    assert (config.model.d_model, config.model.num_heads) == (256, 4)
+    assert (config.model.d_model, config.model.num_heads) == (128, 4)
+    assert (config.optim.lr, config.optim.warmup_steps, config.data.max_tokens) == (0.5, 400, 1024)
+    assert config.trainer["max_epochs"] == 6
     assert config.optim.schedule == "noam"
     assert config.decode.strategy == "greedy"
     assert config.trainer["_target_"] == "lightning.Trainer"
@@ -82,12 +84,35 @@ def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):
         to_schema(cfg, TrainConfig)
 
 
-def test_config_errors_come_before_any_work(tmp_path):
-    """A bad value stops `build` before the data is prepared (no cache directory appears)."""
-    from aiayn.train import build
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.num_heads=3", "model.num_heads"),
+        ("decode.beam_size=0", "decode.beam_size"),
+        ("data.tokenizer.vocab_size=2", "data.tokenizer.vocab_size"),
+        ("trainer.precision=bogus", "trainer"),
+        ("callbacks.model_checkpoint.mode=sideways", "callbacks.model_checkpoint"),
+    ],
+)
+def test_config_errors_come_before_any_work(override, message, tmp_path):
+    """Bad values stop `run` before the data is prepared (no cache directory appears), and the
+    message names the key as the user types it."""
+    from aiayn.train import run
 
     cache = tmp_path / "cache"
-    cfg = compose_train(["model.num_heads=3", f"data.cache_dir={cache}"], output_dir=tmp_path)
-    with pytest.raises(ConfigError, match="num_heads"):
-        build(cfg)
+    cfg = compose_train([override, f"data.cache_dir={cache}"], output_dir=tmp_path)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        run(cfg)
     assert not Path(cache).exists()
+
+
+@pytest.mark.parametrize("group", ["callbacks", "logger"])
+def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
+    from hydra.utils import instantiate
+
+    for option in _options(group):
+        cfg = compose_train([f"{group}={option}"], output_dir=tmp_path)
+        for key, node in (cfg[group] or {}).items():
+            if group == "logger" and key == "wandb":
+                node.offline = True
+            assert instantiate(node) is not None, f"{group}/{option}.yaml: {key}"

@@ -23,48 +23,69 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def test_resume_after_sigkill_equals_an_uninterrupted_run(tmp_path):
-    """Killed right after step N, resumed from last.ckpt to 2N: the same weights as a run
-    that never stopped (dropout on, mid-epoch, so RNG and data position both matter)."""
-    n = 13  # the toy epoch is longer than 13 batches: the kill lands mid-epoch
-    common = [
-        *TOY,
-        "trainer.max_steps=26",
-        "trainer.max_epochs=-1",
-        f"trainer.val_check_interval={n}",
-        "trainer.check_val_every_n_epoch=null",
-        "data.max_tokens=512",
-        "model.dropout=0.2",
-        "test=false",
-    ]
+def _epoch_batches(cache, max_tokens: int) -> int:
+    from aiayn.data.dataset import SplitDataset
+    from aiayn.data.sampler import TokenBatchSampler
+
+    (split_dir,) = cache.glob("toy-en-de-*")
+    data = SplitDataset(split_dir, "train")
+    return len(TokenBatchSampler(data.src_lengths, data.tgt_lengths, max_tokens, True))
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
+def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
+    """Killed right after step N (after its last.ckpt), resumed from last.ckpt to 2N: the
+    same weights as a run that never stopped (dropout on, so the RNG state matters; mid-epoch,
+    so the data position matters; at an epoch end, so the epoch boundary does). The resumed
+    run continues in the same run directory."""
+    common = [*TOY, "trainer.max_epochs=-1", "data.max_tokens=512", "model.dropout=0.2"]
+    if where == "mid_epoch":
+        n = 13  # a toy epoch has more than 13 batches
+        common += [f"trainer.val_check_interval={n}", "trainer.check_val_every_n_epoch=null"]
+    else:
+        prepare = cli([*cli_overrides(tmp_path), *common, "train=false", "test=false"], tmp_path)
+        assert prepare.returncode == 0, prepare.stderr[-3000:]
+        n = _epoch_batches(tmp_path / "cache", 512)  # validation + last.ckpt at each epoch end
+    common += [f"trainer.max_steps={2 * n}", "test=false"]
     straight = tmp_path / "straight"
     result = cli([*cli_overrides(straight), *common], straight)
     assert result.returncode == 0, result.stderr[-3000:]
 
     killed = tmp_path / "killed"
     args = [*cli_overrides(killed), *common]
-    result = cli(
-        [
-            *args,
-            "+callbacks.kill._target_=tests.training.callbacks.KillAtStep",
-            f"+callbacks.kill.step={n}",
-        ],
-        killed,
-    )
+    kill = [
+        "+callbacks.kill._target_=tests.training.callbacks.KillAtStep",
+        f"+callbacks.kill.step={n}",
+    ]
+    result = cli([*args, *kill], killed)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
-    (first,) = run_dirs(killed)
-    last = first / "checkpoints" / "last.ckpt"
+    (run,) = run_dirs(killed)
+    last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=False)["global_step"] == n
 
     result = cli([*args, f"ckpt_path={last}"], killed)
     assert result.returncode == 0, result.stderr[-3000:]
-    resumed = next(d for d in run_dirs(killed) if d != first)
+    assert run_dirs(killed) == [run]  # continued in place
     straight_ckpt = run_dirs(straight)[0] / "checkpoints" / "last.ckpt"
     assert torch.load(straight_ckpt, weights_only=False)["global_step"] == 2 * n
-    b = resumed / "checkpoints" / "last.ckpt"
-    assert torch.load(b, weights_only=False)["global_step"] == 2 * n
-    assert _max_diff(_weights(straight_ckpt), _weights(b)) <= 1e-6
-    assert json.loads((resumed / "metrics.json").read_text())["resumed_from"] == str(last)
+    assert torch.load(last, weights_only=False)["global_step"] == 2 * n
+    assert _max_diff(_weights(straight_ckpt), _weights(last)) <= 1e-6
+    assert json.loads((run / "metrics.json").read_text())["resumed_from"] == str(last)
+    rows = (run / "csv" / "metrics.csv").read_text().splitlines()  # history kept, appended
+    steps = [int(r.split(",")[rows[0].split(",").index("step")]) for r in rows[1:]]
+    assert min(steps) < n < max(steps)
+
+
+def test_resume_with_a_different_model_is_refused_before_any_work(tmp_path):
+    result = cli([*cli_overrides(tmp_path), *TOY, "trainer.max_steps=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    result = cli(
+        [*cli_overrides(tmp_path), *TOY, f"ckpt_path={last}", "model.num_heads=2"], tmp_path
+    )
+    assert result.returncode != 0
+    assert "model.num_heads=4" in result.stderr and "model.num_heads=2" in result.stderr
 
 
 def test_ddp_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path):

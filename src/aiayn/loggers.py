@@ -1,0 +1,27 @@
+"""Loggers that continue the run they resume."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger as _CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+
+class CSVLogger(_CSVLogger):
+    """Lightning's CSVLogger, except that an existing `metrics.csv` (a resumed run writing into
+    its own directory) is kept and appended to instead of deleted."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+            kept = path.read_text() if path.is_file() else ""
+            writer = super().experiment  # creating the writer deletes metrics.csv
+            if kept:
+                path.write_text(kept)
+                writer.metrics_keys = next(csv.reader(kept.splitlines()), [])
+        return self._experiment
