@@ -74,6 +74,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
             "callbacks.model_checkpoint.filename='step{step}'",
             "data.max_tokens=1024",
             "trainer.max_steps=40",
+            "optim.warmup_steps=40",  # an output that depends on the input after 40 steps
             "trainer.max_epochs=-1",
             "trainer.val_check_interval=20",
             "trainer.check_val_every_n_epoch=null",
