@@ -7,8 +7,10 @@ checkpoint's tokenizer (not the data cache's), so any checkpoint scores on any c
 preparing a cache. `data` unset means: the data config of the run that wrote the checkpoint
 (`<run>/.hydra/config.yaml`, beside `checkpoints/`).
 
-`tok_bleu: true` adds `bleu_lc`: BLEU on lowercased, 13a-tokenized text, close to the
-multi-bleu.perl-on-Moses-tokens numbers that papers report for e.g. Multi30k.
+`tok_bleu: true` adds `bleu_tok`: BLEU on lowercased, Moses-normalised and Moses-tokenised
+hypotheses and references (sacremoses, target language; sacreBLEU with tokenize='none'), the
+way fairseq-based papers score Multi30k: it reproduces the upstream `tok/*.lc.norm.tok.*`
+references exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from aiayn.config import ConfigError, PathsConfig, to_schema
 from aiayn.data.config import ROLES, DataConfig
@@ -65,18 +68,33 @@ def run_data_config(ckpt_path: str | Path) -> DataConfig:
     )
 
 
-def score(hypotheses: list[str], references: list[str], tok_bleu: bool = False) -> dict[str, Any]:
-    """sacreBLEU BLEU and chrF (and lowercased BLEU if tok_bleu) with their signatures."""
-    refs = [references]
-    metrics = {"bleu": BLEU(), "chrf": CHRF()}
-    if tok_bleu:
-        metrics["bleu_lc"] = BLEU(lowercase=True, tokenize="13a")
+def moses_tokenize(lines: list[str], lang: str) -> list[str]:
+    """Lowercase, normalise punctuation and tokenise with Moses rules (as `*.lc.norm.tok.*`)."""
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True)
+        for line in lines
+    ]
+
+
+def score(
+    hypotheses: list[str], references: list[str], tok_lang: str | None = None
+) -> dict[str, Any]:
+    """sacreBLEU BLEU and chrF with their signatures; with `tok_lang` also `bleu_tok`, BLEU on
+    Moses-tokenised lowercased text of that language."""
+    scored = {"bleu": (BLEU(), hypotheses, references), "chrf": (CHRF(), hypotheses, references)}
+    if tok_lang:
+        tokenized = (moses_tokenize(hypotheses, tok_lang), moses_tokenize(references, tok_lang))
+        scored["bleu_tok"] = (BLEU(tokenize="none", force=True), *tokenized)
     result: dict[str, Any] = {}
-    for name, metric in metrics.items():
-        value = metric.corpus_score(hypotheses, refs)
+    for name, (metric, hyps, refs) in scored.items():
+        value = metric.corpus_score(hyps, [refs])
+        signature = metric.get_signature()
+        if name == "bleu_tok":  # say what was done before sacreBLEU saw the text
+            signature = f"{signature}+moses.lc.norm.tok.{tok_lang}"
         result[name] = value.score
-        result[f"{name}_signature"] = str(metric.get_signature())
-        result[f"{name}_verbose"] = f"{value} {metric.get_signature()}"
+        result[f"{name}_signature"] = str(signature)
+        result[f"{name}_verbose"] = f"{value} {signature}"
     return result
 
 
@@ -97,7 +115,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     hyp_path = output_dir / f"hypotheses.{config.split}.txt"
     hyp_path.write_text("".join(f"{h}\n" for h in hypotheses), encoding="utf-8")
     result = {
-        **score(hypotheses, references, config.tok_bleu),
+        **score(hypotheses, references, data.tgt_lang if config.tok_bleu else None),
         "split": config.split,
         "num_sentences": len(hypotheses),
         "checkpoint": str(Path(config.ckpt_path).resolve()),
@@ -105,7 +123,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         "decode": asdict(decode),
     }
     (output_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    for name in ("bleu", "chrf", "bleu_lc"):
+    for name in ("bleu", "chrf", "bleu_tok"):
         if name in result:
             print(result[f"{name}_verbose"])
     log.info("wrote %s and %s", hyp_path, output_dir / "bleu.json")

@@ -28,7 +28,10 @@ from aiayn.optim import OptimConfig, lr_multiplier
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """Mean label-smoothed loss and mean NLL over the non-padding targets.
+    """Mean label-smoothed loss and mean NLL over the non-padding targets of one batch.
+
+    (The mean is per batch: with gradient accumulation or DDP the update averages the batch
+    means, where fairseq normalises by the tokens of the whole update.)
 
     logits (B, T, V), target (B, T) with PAD where there is no token. The smoothed target puts
     1 - ε on the gold token and ε spread uniformly over the vocabulary (as torch and the paper).

@@ -15,7 +15,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from aiayn.config import ConfigError
 from aiayn.data.corpus import read_split
 from aiayn.data.datamodule import TranslationDataModule
-from aiayn.evaluation import run, run_data_config, score
+from aiayn.evaluation import moses_tokenize, run, run_data_config, score
 from tests.eval.conftest import compose_config
 from tests.training.helpers import REPO
 
@@ -36,12 +36,15 @@ def test_bleu_json_matches_sacrebleu_on_written_file(evaluated, ckpt):
     assert len(hyps) == len(refs) == saved["num_sentences"] == 30
     assert saved["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score, abs=1e-9)
     assert saved["chrf"] == pytest.approx(CHRF().corpus_score(hyps, [refs]).score, abs=1e-9)
-    lowercased = BLEU(lowercase=True).corpus_score(hyps, [refs]).score
-    assert saved["bleu_lc"] == pytest.approx(lowercased, abs=1e-9)
+    tok = BLEU(tokenize="none").corpus_score(
+        moses_tokenize(hyps, "de"), [moses_tokenize(refs, "de")]
+    )
+    assert saved["bleu_tok"] == pytest.approx(tok.score, abs=1e-9)
     assert saved["chrf"] > 0
     assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
     assert saved["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|")
-    assert "case:lc" in saved["bleu_lc_signature"]
+    assert saved["bleu_tok_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:none|")
+    assert saved["bleu_tok_signature"].endswith("+moses.lc.norm.tok.de")
     assert saved["split"] == "test" and saved["decode"]["strategy"] == "greedy"
 
 
@@ -87,3 +90,10 @@ def test_cli_missing_checkpoint_and_unknown_key(tmp_path):
     assert "missing.ckpt not found" in proc.stderr and "Traceback" not in proc.stderr
     with pytest.raises(ConfigError, match="splitt"):
         run(compose_config("eval", ["ckpt_path=x.ckpt", "+splitt=val"], tmp_path))
+
+
+@pytest.mark.parametrize("lang", ["en", "de"])
+def test_moses_tokenize_reproduces_the_published_tokenized_multi30k(multi30k_root, lang):
+    raw = (multi30k_root / f"test2016.{lang}").read_text(encoding="utf-8").splitlines()
+    tok = multi30k_root / "tok" / f"test2016.lc.norm.tok.{lang}"
+    assert moses_tokenize(raw, lang) == tok.read_text(encoding="utf-8").splitlines()
