@@ -95,6 +95,12 @@ def check_trainer_kwargs(trainer: dict[str, Any]) -> None:
     """Reject `trainer.*` keys that `lightning.Trainer` does not take, before any work."""
     from lightning import Trainer
 
+    owned = {"callbacks": "callbacks", "logger": "logger", "plugins": "(built in)"}
+    for key in set(trainer) & set(owned):
+        raise ConfigError(
+            f"trainer.{key} is set by the run, not the trainer config; use the "
+            f"{owned[key]} group instead"
+        )
     accepted = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
     unknown = sorted(set(trainer) - accepted - {"_target_"})
     if unknown:

@@ -76,6 +76,7 @@ class TranslationModule(L.LightningModule):
         self.samples: list[dict[str, str]] = []
         self._rng_to_restore: dict[str, Any] | None = None
         self._last_step_end: float | None = None
+        self.train_tokens, self.train_seconds = 0, 0.0  # this process, for the run's mean rate
 
     # ------------------------------------------------------------------ forward and loss
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -108,7 +109,12 @@ class TranslationModule(L.LightningModule):
         elapsed = max(now - (self._last_step_end or now), 1e-9)
         self._last_step_end = now
         # real (non-pad) source + target tokens per second, summed over ranks
-        rate = torch.tensor((batch.num_src_tokens + batch.num_tgt_tokens) / elapsed)
+        tokens = batch.num_src_tokens + batch.num_tgt_tokens
+        self.train_tokens, self.train_seconds = (
+            self.train_tokens + tokens,
+            self.train_seconds + elapsed,
+        )
+        rate = torch.tensor(tokens / elapsed)
         self.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
 
     def on_validation_start(self) -> None:
@@ -198,13 +204,22 @@ class TranslationModule(L.LightningModule):
         if self.tokenizers is not None:
             checkpoint["tokenizers"] = self.tokenizers.state()
         checkpoint["rng_states"] = _get_rng_state()
+        if self._trainer is not None and self.trainer.world_size > 1:
+            # every rank draws its own dropout masks: keep each rank's torch RNG state (this
+            # hook runs on every rank; rank 0 writes the file)
+            per_rank = self.all_gather(torch.get_rng_state().to(self.device, torch.int64))
+            checkpoint["rng_states"]["torch_per_rank"] = per_rank.to("cpu", torch.uint8)
         checkpoint["parameter_summary"] = parameter_summary(self.model)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "tokenizers" in checkpoint:
             self.tokenizers = Tokenizers.from_state(checkpoint["tokenizers"])
         if self._trainer is not None and "rng_states" in checkpoint:
-            self._rng_to_restore = checkpoint["rng_states"]
+            state = dict(checkpoint["rng_states"])
+            per_rank = state.pop("torch_per_rank", None)
+            if per_rank is not None and len(per_rank) == self.trainer.world_size:
+                state["torch"] = per_rank[self.trainer.global_rank].clone()  # a view segfaults
+            self._rng_to_restore = state
 
 
 def _get_rng_state() -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Summarise a multirun: `python -m aiayn.sweeps <multirun dir>`.
 
 Reads each job's `.hydra/overrides.yaml` and `metrics.json` and writes `sweep.md`,
-`sweep.csv` and `sweep.png` (val/bleu per job) into the multirun directory.
+`sweep.csv` and `sweep.png` (val/bleu per job) into the multirun directory. Columns: the
+overrides that vary between jobs, parameters, val/bleu and val/ppl of the last validation,
+the best val/bleu, and mean training tokens/s (real source + target tokens).
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from typing import Any
 
 import yaml
 
-COLUMNS = ("job", "overrides", "parameters", "val/bleu", "val/ppl", "tokens/s", "status")
+COLUMNS = (
+    "job",
+    "overrides",
+    "parameters",
+    "val/bleu",
+    "val/ppl",
+    "best val/bleu",
+    "tokens/s",
+    "status",
+)
 
 
 def collect(multirun_dir: Path) -> list[dict[str, Any]]:
@@ -33,9 +44,10 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
         row.update(
             {
                 "parameters": metrics.get("parameters", {}).get("total"),
-                "val/bleu": metrics.get("best", {}).get("val/bleu", fit.get("val/bleu")),
+                "val/bleu": fit.get("val/bleu"),  # the last validation's, as val/ppl
                 "val/ppl": fit.get("val/ppl"),
-                "tokens/s": fit.get("train/tokens_per_sec"),
+                "best val/bleu": metrics.get("best", {}).get("val/bleu"),
+                "tokens/s": metrics.get("train_tokens_per_sec"),
                 "status": "done",
             }
         )
@@ -77,9 +89,9 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r.get("val/bleu") is not None]
+    done = [r for r in rows if r.get("best val/bleu") is not None]
     fig, ax = plt.subplots(figsize=(8, 0.5 * max(len(done), 2) + 1.2))
-    ax.barh([r["overrides"] or r["job"] for r in done], [r["val/bleu"] for r in done])
+    ax.barh([r["overrides"] or r["job"] for r in done], [r["best val/bleu"] for r in done])
     ax.invert_yaxis()
     ax.set_xlabel("val/bleu (best)")
     ax.set_title(out_dir.name)

@@ -93,6 +93,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if config.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
+            if module.train_seconds > 0:  # mean over the run (this rank's rate x ranks)
+                rate = module.train_tokens / module.train_seconds * trainer.world_size
+                metrics["train_tokens_per_sec"] = rate
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _best_checkpoint(trainer) if config.train else config.ckpt_path
             results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
@@ -134,12 +137,14 @@ def _check_resume(config: TrainConfig) -> None:
 
 
 def _check_callbacks(config: TrainConfig) -> None:
-    checkpoint = config.callbacks.get("model_checkpoint") or {}
-    if not config.val_bleu and checkpoint.get("monitor") == "val/bleu":
-        raise ConfigError(
-            "val_bleu=false, but callbacks.model_checkpoint.monitor=val/bleu; set "
-            "callbacks.model_checkpoint.monitor=val/loss callbacks.model_checkpoint.mode=min"
-        )
+    if config.val_bleu:
+        return
+    for key, node in config.callbacks.items():
+        if (node or {}).get("monitor") == "val/bleu":
+            raise ConfigError(
+                f"val_bleu=false, but callbacks.{key}.monitor=val/bleu; set "
+                f"callbacks.{key}.monitor=val/loss callbacks.{key}.mode=min"
+            )
 
 
 @rank_zero_only

@@ -116,3 +116,25 @@ def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
             if group == "logger" and key == "wandb":
                 node.offline = True
             assert instantiate(node) is not None, f"{group}/{option}.yaml: {key}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["val_bleu=false"], "callbacks.model_checkpoint.monitor"),
+        (
+            [
+                "val_bleu=false",
+                "callbacks.model_checkpoint.monitor=val/loss",
+                "callbacks=[default,early_stopping]",
+            ],
+            "callbacks.early_stopping.monitor",
+        ),
+        (["+trainer.callbacks=[]"], "trainer.callbacks"),
+    ],
+)
+def test_run_level_checks_name_the_key(overrides, message, tmp_path):
+    from aiayn.train import validate
+
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        validate(compose_train(overrides, output_dir=tmp_path))
