@@ -106,6 +106,9 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     module = load_checkpoint(config.ckpt_path, config.device)
     decode = decode_config(module.decode_config, config.decode)
     sources, references = read_split(data, config.split)
+    lowercased = module.tokenizers is not None and module.tokenizers.lowercases("tgt")
+    if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
+        references = [r.lower() for r in references]
     source = f"{data.source}:{config.split} source"
     translator = Translator(module, decode, config.on_long)
     hypotheses = translator.translate_all(sources, config.batch_size, source)
@@ -117,6 +120,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     result = {
         **score(hypotheses, references, data.tgt_lang if config.tok_bleu else None),
         "split": config.split,
+        "references_lowercased": lowercased,
         "num_sentences": len(hypotheses),
         "checkpoint": str(Path(config.ckpt_path).resolve()),
         "hypotheses": str(hyp_path),

@@ -114,9 +114,15 @@ def load_checkpoint(
         ) from error
     if tokenizer is not None:
         try:
-            module.tokenizers = Tokenizers.load(tokenizer)
+            given = Tokenizers.load(tokenizer)
         except DataError as error:
             raise TranslationError(str(error)) from error
+        if module.tokenizers is not None and given.state() != module.tokenizers.state():
+            raise TranslationError(
+                f"tokenizer {tokenizer} differs from the one checkpoint {path} was trained "
+                "with (which it carries): drop tokenizer=... to use that one"
+            )
+        module.tokenizers = given
     if module.tokenizers is None:
         raise TranslationError(
             f"checkpoint {path} carries no tokenizer: pass tokenizer=<run dir>/tokenizer.json"
@@ -220,13 +226,27 @@ class Translator:
 
 
 def translate_stream(
-    translator: Translator, lines: Iterable[str], out: TextIO, batch_size: int, source: str
+    translator: Translator,
+    lines: Iterable[str | bytes],
+    out: TextIO,
+    batch_size: int,
+    source: str,
 ) -> int:
     """Translate `lines` batch by batch, writing and flushing each batch's translations to
     `out` (one per line, newline-terminated); returns the number of lines."""
     batch: list[str] = []
     count = 0
     for count, line in enumerate(lines, start=1):
+        if isinstance(line, bytes):  # decoded line by line, so an error can name its line
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                if batch:  # what came before the bad line is translated and kept
+                    _write(out, translator, batch, count - len(batch), source)
+                raise TranslationError(
+                    f"{source}:{count}: not valid UTF-8 ({error.reason} at byte "
+                    f"{error.start}); the {count - 1} lines before it were translated"
+                ) from None
         batch.append(line.rstrip("\r\n"))
         if len(batch) == batch_size:
             _write(out, translator, batch, count - len(batch) + 1, source)
@@ -248,21 +268,28 @@ def _write(out: TextIO, translator: Translator, batch: list[str], first: int, so
 
 
 @contextmanager
-def _open(path: str, mode: str) -> Iterator[TextIO]:
+def _open(path: str, mode: str) -> Iterator[Any]:
+    """Input as binary lines (decoded, and checked, line by line), output as text."""
     if path == "-":
-        yield sys.stdin if mode == "r" else sys.stdout
+        yield sys.stdin.buffer if mode == "r" else sys.stdout
         return
     if mode == "r" and not Path(path).is_file():
         raise TranslationError(f"input file {path} not found")
-    if mode == "w":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, mode, encoding="utf-8", errors="replace", newline="\n") as file:
+    if mode == "r":
+        with open(path, "rb") as file:
+            yield file
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as file:
         yield file
 
 
 def run(cfg: DictConfig | dict) -> int:
     """What `python translate.py` does; returns the number of lines translated."""
     config = to_schema(cfg, TranslateConfig)
+    same = "-" not in (config.input, config.output)
+    if same and Path(config.input).resolve() == Path(config.output).resolve():
+        raise TranslationError(f"input and output are the same file ({config.input})")
     module = load_checkpoint(config.ckpt_path, config.device, config.tokenizer)  # type: ignore[arg-type]
     translator = Translator(
         module, decode_config(module.decode_config, config.decode), config.on_long

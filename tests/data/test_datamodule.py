@@ -147,6 +147,28 @@ def test_multi30k_padding_efficiency(multi30k: TranslationDataModule) -> None:
     assert multi30k.padding_efficiency is not None and multi30k.padding_efficiency >= 0.95
 
 
+def test_multi30k_de_en_direction_has_its_own_cache_and_fits_the_budget(
+    multi30k: TranslationDataModule, multi30k_root: Path
+) -> None:
+    node = OmegaConf.merge(
+        OmegaConf.load(CONF_DATA / "multi30k.yaml"),
+        {"root": str(multi30k_root), "cache_dir": str(multi30k.cfg.cache_dir)},
+        {"src_lang": "de", "tgt_lang": "en"},
+    )
+    de_en = TranslationDataModule(data_config(node))
+    de_en.prepare_data()
+    assert de_en.cache_path != multi30k.cache_path  # the direction is part of the cache key
+    english = (multi30k_root / "test2016.en").read_text(encoding="utf-8").splitlines()
+    german = (multi30k_root / "test2016.de").read_text(encoding="utf-8").splitlines()
+    assert de_en.references("test") == english and de_en.sources("test") == german
+    again = TranslationDataModule(data_config(node))
+    again.prepare_data()  # a second run reuses the cache
+    assert again.cache_path == de_en.cache_path and again.manifest == de_en.manifest
+    de_en.setup("fit")
+    for batch in de_en.train_dataloader():
+        assert batch.src.numel() <= 4096 and batch.tgt_in.numel() <= 4096
+
+
 def test_multi30k_round_trip_and_test_split(multi30k: TranslationDataModule) -> None:
     assert len(multi30k.references("test")) == 1000 and len(multi30k.sources("val")) == 1014
     for side, texts in (("src", multi30k.sources("val")), ("tgt", multi30k.references("test"))):

@@ -120,11 +120,39 @@ def test_missing_and_broken_checkpoints(tmp_path):
 
 
 def test_mismatched_tokenizer(ckpt, tmp_path):
+    import torch
+
     texts = ["a small corpus", "for a tokenizer", "of another size"] * 5
     other = Tokenizers(train_bpe(texts, TokenizerConfig(vocab_size=40, min_frequency=1)))
     other.save(tmp_path)
+    given = str(tmp_path / "tokenizer.json")
+    with pytest.raises(TranslationError, match=r"differs from the one checkpoint .* was trained"):
+        load_checkpoint(ckpt, "cpu", tokenizer=given)
+    bare = tmp_path / "bare.ckpt"  # a checkpoint without its tokenizer: sizes must still fit
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del checkpoint["tokenizers"]
+    torch.save(checkpoint, bare)
     with pytest.raises(TranslationError, match=r"vocabulary of \d+ tokens but the model expects"):
-        load_checkpoint(ckpt, "cpu", tokenizer=str(tmp_path / "tokenizer.json"))
+        load_checkpoint(bare, "cpu", tokenizer=given)
+
+
+def test_invalid_utf8_line_is_named_and_earlier_lines_are_kept(ckpt, module, sources, tmp_path):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    good = "\n".join(sources[:2]).encode()
+    src.write_bytes(good + b"\nbad \xff\xfe bytes\n" + sources[2].encode() + b"\n")
+    overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "batch_size=5"]
+    with pytest.raises(TranslationError, match=rf"{src}:3: not valid UTF-8"):
+        run(compose_config("translate", [*overrides, "device=cpu"], tmp_path))
+    assert _read(out) == reference_translations(module, sources[:2])
+
+
+def test_input_and_output_the_same_file_is_refused(ckpt, sources, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text(sources[0] + "\n")
+    overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={src}", "device=cpu"]
+    with pytest.raises(TranslationError, match="same file"):
+        run(compose_config("translate", overrides, tmp_path))
+    assert src.read_text() == sources[0] + "\n"
 
 
 def test_required_and_unknown_keys(tmp_path):

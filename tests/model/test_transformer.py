@@ -184,11 +184,21 @@ def test_every_parameter_gets_a_gradient(overrides: dict) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize(
+    ("norm_first", "max_positions", "positional"),
+    [
+        (False, 40, "sinusoidal"),
+        (True, 40, "sinusoidal"),
+        (False, 1024, "sinusoidal"),
+        (True, 1024, "learned"),
+    ],
+)
 def test_finite_up_to_max_positions_and_all_padding_rows(
-    dtype: torch.dtype, norm_first: bool
+    dtype: torch.dtype, norm_first: bool, max_positions: int, positional: str
 ) -> None:
-    model = tiny_model(norm_first=norm_first).to(dtype)
+    model = tiny_model(
+        norm_first=norm_first, max_positions=max_positions, positional=positional
+    ).to(dtype)
     n = model.config.max_positions
     src = random_tokens(3, n, 23, seed=13)
     tgt = random_tokens(3, n, 23, seed=14)

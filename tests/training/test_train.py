@@ -150,9 +150,13 @@ def _wandb_log(run_dir):
 def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
     from .helpers import read_wandb_records, wandb_history
 
+    with_attention = [
+        "callbacks=[default,attention]" if o == "callbacks=default" else o
+        for o in cli_overrides(tmp_path)
+    ]
     result = cli(
         [
-            *cli_overrides(tmp_path),
+            *with_attention,
             *SHORT,
             "logger=wandb",
             "trainer.max_steps=20",
@@ -164,6 +168,14 @@ def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path)
+    # attention heatmaps went to W&B as images (per kind and layer), not to PNG files
+    images = list(run.glob("wandb/offline-run-*/files/media/images/attention/*.png"))
+    assert {p.name.split("_layer")[0] for p in images} == {
+        "encoder_self",
+        "decoder_self",
+        "decoder_cross",
+    }
+    assert not (run / "attention").exists()
     log = _wandb_log(run)
     history = wandb_history(log)
     for key in (

@@ -184,7 +184,7 @@ def _read_hf(cfg: DataConfig, role: str) -> tuple[list[str], list[str]]:
             split=split,
             cache_dir=str(Path(cfg.cache_dir) / "hf"),
         )
-    except (FileNotFoundError, ValueError, ConnectionError) as error:
+    except Exception as error:  # datasets/hub raise many types (files, network, formats)
         raise DataError(
             f"cannot load Hugging Face dataset {cfg.hf_name!r} split {split!r}: {error}"
         ) from error
