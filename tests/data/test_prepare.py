@@ -49,6 +49,19 @@ def test_changed_input_or_setting_rebuilds(files_cfg: MakeCfg, corpus_dir: Path)
     assert prepare(files_cfg(max_tokens=512)) == rebuilt  # batching is not part of the key
 
 
+def test_same_size_edit_with_restored_mtime_rebuilds(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    """The key hashes content: `cp -p` / `rsync -t` style edits are not missed."""
+    path = prepare(files_cfg())
+    target = corpus_dir / "val.de"
+    stat = target.stat()
+    text = target.read_text(encoding="utf-8")
+    swapped = text.replace("a", "e", 1) if "a" in text else text.replace("e", "a", 1)
+    assert len(swapped.encode()) == len(text.encode()) and swapped != text
+    target.write_text(swapped, encoding="utf-8")
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert prepare(files_cfg()) != path
+
+
 def test_train_is_filtered_val_is_truncated(files_cfg: MakeCfg, corpus_dir: Path) -> None:
     long = " ".join(["Hund"] * 40)
     extra = [("", "Leer."), ("Empty.", "  "), (long, long), ("Anna.", "Anna sieht " + long[:60])]

@@ -1,7 +1,7 @@
 """Prepare once, load fast: read a corpus, train (or load) the tokenizer, binarize into a cache.
 
 Cache directory `{cache_dir}/{source}-{src}-{tgt}-{key}`, key = hash of the input fingerprint
-(see `corpus.py`: path + size + mtime of each file) and every setting that changes the
+(see `corpus.py`: path + size + content digest of each file) and every setting that changes the
 content (tokenizer settings, max_len, max_ratio, languages, splits, fields). Batching
 settings (max_tokens, num_workers) are not part of it. Contents, per role train/val/test:
 
