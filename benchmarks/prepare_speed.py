@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from aiayn.data.config import data_config
+from aiayn.config import to_schema
+from aiayn.data.config import DataConfig
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.prepare import load_manifest
 
@@ -30,7 +31,7 @@ def main() -> None:
             OmegaConf.load(ROOT / "conf" / "data" / "multi30k.yaml"),
             {"root": args.root, "cache_dir": cache_dir, "max_tokens": args.max_tokens},
         )
-        dm = TranslationDataModule(data_config(node))
+        dm = TranslationDataModule(to_schema(node, DataConfig))
         start = time.perf_counter()
         dm.prepare_data()
         total = time.perf_counter() - start

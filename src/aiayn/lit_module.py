@@ -122,8 +122,7 @@ class TranslationModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-        self.log("train/grad_norm", norm)
+        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim_config
@@ -166,11 +165,14 @@ class TranslationModule(L.LightningModule):
         if self.tokenizers.lowercases("tgt"):  # the model cannot produce capitals
             refs = [r.lower() for r in refs]
         self.bleu[split].update(hyps, [[r] for r in refs])
-        if len(self.samples) < self.hparams.num_samples:
+        wanted = self.hparams.num_samples - len(self.samples)
+        if wanted > 0:
             sources = self.trainer.datamodule.sources(split)
-            for i, hyp, ref in zip(batch.ids.tolist(), hyps, refs, strict=True):
-                if len(self.samples) < self.hparams.num_samples:
-                    self.samples.append({"source": sources[i], "reference": ref, "hypothesis": hyp})
+            rows = zip(batch.ids.tolist(), hyps, refs, strict=True)
+            self.samples += [
+                {"source": sources[i], "reference": ref, "hypothesis": hyp}
+                for i, hyp, ref in list(rows)[:wanted]
+            ]
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")

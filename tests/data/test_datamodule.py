@@ -11,7 +11,8 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from omegaconf import OmegaConf
 
-from aiayn.data.config import DataConfig, data_config
+from aiayn.config import to_schema
+from aiayn.data.config import DataConfig
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.dataset import Batch, collate_sources
 from aiayn.data.errors import DataError
@@ -29,13 +30,13 @@ def toy_module(tmp_path: Path, **overrides: object) -> TranslationDataModule:
         "max_tokens": 300,
         **overrides,
     }
-    cfg = data_config(OmegaConf.merge(OmegaConf.load(CONF_DATA / "toy.yaml"), settings))
+    cfg = to_schema(OmegaConf.merge(OmegaConf.load(CONF_DATA / "toy.yaml"), settings), DataConfig)
     return TranslationDataModule(cfg, seed=5)
 
 
 @pytest.mark.parametrize("name", ["toy", "multi30k", "files", "hf"])
 def test_shipped_yaml_composes(name: str) -> None:
-    cfg = data_config(OmegaConf.load(CONF_DATA / f"{name}.yaml"))
+    cfg = to_schema(OmegaConf.load(CONF_DATA / f"{name}.yaml"), DataConfig)
     assert isinstance(cfg, DataConfig) and cfg.source == name
 
 
@@ -136,7 +137,7 @@ def multi30k(
         OmegaConf.load(CONF_DATA / "multi30k.yaml"),
         {"root": str(multi30k_root), "cache_dir": str(tmp_path_factory.mktemp("cache"))},
     )
-    dm = TranslationDataModule(data_config(node))
+    dm = TranslationDataModule(to_schema(node, DataConfig))
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -155,13 +156,13 @@ def test_multi30k_de_en_direction_has_its_own_cache_and_fits_the_budget(
         {"root": str(multi30k_root), "cache_dir": str(multi30k.cfg.cache_dir)},
         {"src_lang": "de", "tgt_lang": "en"},
     )
-    de_en = TranslationDataModule(data_config(node))
+    de_en = TranslationDataModule(to_schema(node, DataConfig))
     de_en.prepare_data()
     assert de_en.cache_path != multi30k.cache_path  # the direction is part of the cache key
     english = (multi30k_root / "test2016.en").read_text(encoding="utf-8").splitlines()
     german = (multi30k_root / "test2016.de").read_text(encoding="utf-8").splitlines()
     assert de_en.references("test") == english and de_en.sources("test") == german
-    again = TranslationDataModule(data_config(node))
+    again = TranslationDataModule(to_schema(node, DataConfig))
     again.prepare_data()  # a second run reuses the cache
     assert again.cache_path == de_en.cache_path and again.manifest == de_en.manifest
     de_en.setup("fit")

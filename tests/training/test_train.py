@@ -133,6 +133,7 @@ def test_bf16_mixed_precision_trains_on_cpu(tmp_path):
     ]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 1.0, losses
+    assert "bfloat16 Automatic Mixed Precision" in result.stdout + result.stderr
 
 
 def test_config_error_exits_with_a_clear_message(tmp_path):

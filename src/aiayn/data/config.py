@@ -5,9 +5,7 @@ The YAML files in `conf/data/` hold only these keys."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional  # noqa: UP035 (OmegaConf structured configs)
-
-from omegaconf import OmegaConf
+from typing import Dict, List, Optional  # noqa: UP035 (OmegaConf structured configs)
 
 SOURCES = ("toy", "multi30k", "files", "hf")
 ROLES = ("train", "val", "test")
@@ -134,10 +132,3 @@ class DataConfig:
                     )
         if self.source == "hf" and not self.hf_name:
             raise ValueError("DataConfig.hf_name must name a dataset (e.g. wmt14) for source=hf")
-
-
-def data_config(node: Any) -> DataConfig:
-    """A DataConfig from a YAML node / dict (e.g. Hydra's `cfg.data`); unknown keys and
-    wrong types raise, then `DataConfig.validate` runs."""
-    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), node)
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]

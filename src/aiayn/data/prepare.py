@@ -1,7 +1,7 @@
 """Prepare once, load fast: read a corpus, train (or load) the tokenizer, binarize into a cache.
 
 Cache directory `{cache_dir}/{source}-{src}-{tgt}-{key}`, key = hash of the input fingerprint
-(see `corpus.py`: path + size + content digest of each file) and every setting that changes the
+(see `corpus.py`: a `stat` of each file) and every setting that changes the
 content (tokenizer settings, max_len, max_ratio, languages, splits, fields). Batching
 settings (max_tokens, num_workers) are not part of it. Contents, per role train/val/test:
 
@@ -38,18 +38,17 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from aiayn.data.config import ROLES, DataConfig, data_config
+from aiayn.config import CONF_DIR, to_schema
+from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.corpus import file_fingerprint, fingerprint, read_split
 from aiayn.data.errors import DataError
-from aiayn.data.tokenizer import Tokenizers, train_bpe
+from aiayn.data.tokenizer import SIDES, Tokenizers, train_bpe
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
-SIDES = ("src", "tgt")
 ENCODE_CHUNK = 100_000  # sentences per encode_batch call (bounds memory on WMT-size corpora)
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 def _settings(cfg: DataConfig) -> dict[str, object]:
@@ -259,7 +258,7 @@ def report(manifest: dict) -> str:
 @hydra.main(config_path=str(CONF_DIR), config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """`python -m aiayn.data.prepare data=<name> [data.key=value ...]`: build and report."""
-    data = data_config(cfg.data)
+    data = to_schema(cfg.data, DataConfig)
     path = prepare(data)
     print(f"data cache: {path}\n{report(load_manifest(path))}")
 
