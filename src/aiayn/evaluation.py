@@ -106,7 +106,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     module = load_checkpoint(config.ckpt_path, config.device)
     decode = decode_config(module.decode_config, config.decode)
     sources, references = read_split(data, config.split)
-    lowercased = module.tokenizers is not None and module.tokenizers.lowercases("tgt")
+    lowercased = module.tokenizers.lowercases("tgt")
     if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
         references = [r.lower() for r in references]
     source = f"{data.source}:{config.split} source"

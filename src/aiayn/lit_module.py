@@ -191,14 +191,15 @@ class TranslationModule(L.LightningModule):
             self.bleu[split].reset()
 
     @torch.no_grad()
-    def translate_batch(self, src: Tensor) -> list[str]:
-        """Best detokenized translation of each row of src (B, S)."""
+    def translate_batch(self, src: Tensor, decode: DecodeConfig | None = None) -> list[str]:
+        """Best detokenized translation of each row of src (B, S) (x + EOS, as `Batch.src`),
+        decoded as `decode` says (default: the module's decode config)."""
         if self.tokenizers is None:
             raise RuntimeError(
                 "TranslationModule.tokenizers is not set; load a checkpoint or "
                 "attach the datamodule's tokenizers before decoding"
             )
-        hyps = generate(self.model, src, self.decode_config)
+        hyps = generate(self.model, src, decode or self.decode_config)
         return self.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
 
     # ------------------------------------------------------------------ checkpoints

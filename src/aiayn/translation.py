@@ -32,7 +32,7 @@ from aiayn.data.dataset import collate_sources
 from aiayn.data.errors import DataError
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.lit_module import TranslationModule
-from aiayn.model import DecodeConfig, generate
+from aiayn.model import DecodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Translator:
             try:
                 ids[i] = self._fit(row, f"{source}:{first_line + i}")
             except TranslationError as error:
-                done = self.translate(lines[:i], first_line, source)
+                done = self._decode(lines[:i], ids[:i])  # rows before i are already fitted
                 raise LongLineError(str(error), done) from None
         return self._decode(lines, ids)
 
@@ -218,8 +218,7 @@ class Translator:
         keep = [i for i, line in enumerate(lines) if line.strip() and ids[i]]
         if keep:
             src, _ = collate_sources([ids[i] for i in keep])
-            hyps = generate(self.module.model, src.to(self.module.device), self.decode)
-            texts = self.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
+            texts = self.module.translate_batch(src.to(self.module.device), self.decode)
             for i, text in zip(keep, texts, strict=True):
                 out[i] = text
         return out

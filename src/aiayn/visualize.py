@@ -16,7 +16,6 @@ WandbLogger is attached, else saves the PNGs under `<output_dir>/step<N>/`.
 
 from __future__ import annotations
 
-import io
 import math
 import sys
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
-from PIL import Image
 from torch import Tensor
 
 from aiayn.config import ConfigError, to_schema
@@ -133,13 +131,6 @@ def save_pngs(example: AttentionExample, output_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _image(fig: Figure) -> Image.Image:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    buffer.seek(0)
-    return Image.open(buffer)
-
-
 class AttentionMaps(L.Callback):
     """After each validation (rank 0): the attention maps of validation sentence `index`,
     logged as W&B images (`attention/<kind>_layer<i>`) or saved to `output_dir/step<N>/`."""
@@ -164,7 +155,7 @@ class AttentionMaps(L.Callback):
             return
         for name, fig in figures(example).items():
             for logger in wandb:
-                logger.log_image(key=f"attention/{name}", images=[_image(fig)], step=step)
+                logger.log_image(key=f"attention/{name}", images=[fig], step=step)
 
 
 @dataclass

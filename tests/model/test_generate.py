@@ -52,16 +52,20 @@ def padded_batch() -> tuple[torch.Tensor, list[int]]:
 
 def test_beam_size_one_equals_greedy() -> None:
     model = peaky_model()
-    src, _ = padded_batch()
+    src, lengths = padded_batch()
     greedy = generate(model, src, DecodeConfig(max_len_b=6), eos_id=EOS)
     beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6), eos_id=EOS)
     assert beam == greedy  # tokens and scores, exactly
     assert [len(h) for h in greedy] == [1, 1, 1]
     # some hypotheses end with EOS and some at the length limit, so both paths are compared
+    limits = [n + 6 for n in lengths]  # a * |src| + b with a = 1, b = 6
+    ended = set()
     for eos_id in (5, 9, 13):
         greedy = generate(model, src, DecodeConfig(max_len_b=6), eos_id=eos_id)
         beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6), eos_id=eos_id)
         assert beam == greedy
+        ended |= {len(h[0].tokens) == limit for h, limit in zip(greedy, limits, strict=True)}
+    assert ended == {True, False}
 
 
 @pytest.mark.parametrize(
