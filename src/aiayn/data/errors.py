@@ -1,6 +1,5 @@
-"""`DataError`: one clear message for bad input data, raised before training starts."""
+"""Temporary re-export while the code moves to aiayn.errors."""
 
+from aiayn.errors import DataError
 
-class DataError(ValueError):
-    """The corpus, a tokenizer file or the cache cannot be used as given; the message says
-    which file (and line) and what to do."""
+__all__ = ["DataError"]
