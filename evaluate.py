@@ -1,22 +1,20 @@
 """python evaluate.py ckpt_path=... [data=...] [split=test] [decode=beam]   (conf/eval.yaml)"""
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
+from aiayn.config import register
+from aiayn.errors import exit_on_error
+
+register()
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+@exit_on_error
 def main(cfg: DictConfig) -> float:
-    from aiayn.config import ConfigError
-    from aiayn.data.errors import DataError
-    from aiayn.evaluation import run
-    from aiayn.translation import TranslationError
+    from aiayn.inference.evaluation import run
 
-    try:
-        return run(cfg)["bleu"]
-    except (ConfigError, DataError, TranslationError) as err:
-        sys.exit(f"error: {err}")
+    return run(cfg)["bleu"]
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ model of the same size (random weights), greedy and beam 4, same inputs and outp
     python benchmarks/decode_speed.py [--d-model 256 --heads 4 --layers 3 --ffn 1024
         --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 5 --threads 2]
 
-Both sides decode exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: an
-`eos_id` no token has; HF: `eos_token_id=None`), and both keep a key/value cache. Prints
+Both sides decode exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: a hook
+masks the EOS logit; HF: `eos_token_id=None`), and both keep a key/value cache. Prints
 sentences/s (best of `--repeats` alternating calls after a warm-up) for each strategy side by side.
 """
 
@@ -20,8 +20,7 @@ from transformers import MarianConfig, MarianMTModel
 
 from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
 
-PAD, BOS = 0, 1
-NO_EOS = -1  # an id no token has: aiayn decodes to the length limit
+PAD, EOS = 0, 2
 
 
 def best_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
@@ -97,6 +96,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ours, marian = build(args)
+    # no sentence may end early (HF runs with eos_token_id=None): aiayn never emits EOS
+    ours.output.register_forward_hook(
+        lambda module, args, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
+    )
     src = torch.randint(4, args.vocab, (args.batch_size, args.src_len))
     mask = torch.ones_like(src)
     n = args.new_tokens
@@ -106,7 +109,7 @@ def main() -> None:
         config = DecodeConfig(strategy=strategy, beam_size=beams, max_len_a=0.0, max_len_b=n)
 
         def run() -> None:
-            hyps = generate(ours, src, config, bos_id=BOS, eos_id=NO_EOS)
+            hyps = generate(ours, src, config)
             assert all(len(h[0].tokens) == n for h in hyps)
 
         return run

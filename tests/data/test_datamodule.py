@@ -15,8 +15,9 @@ from aiayn.config import to_schema
 from aiayn.data.config import DataConfig
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.dataset import Batch, collate_sources
-from aiayn.data.errors import DataError
+from aiayn.data.sources import SOURCES
 from aiayn.data.special import BOS, EOS, PAD
+from aiayn.errors import DataError
 
 CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
 
@@ -34,7 +35,7 @@ def toy_module(tmp_path: Path, **overrides: object) -> TranslationDataModule:
     return TranslationDataModule(cfg, seed=5)
 
 
-@pytest.mark.parametrize("name", ["toy", "multi30k", "files", "hf"])
+@pytest.mark.parametrize("name", list(SOURCES))
 def test_shipped_yaml_composes(name: str) -> None:
     cfg = to_schema(OmegaConf.load(CONF_DATA / f"{name}.yaml"), DataConfig)
     assert isinstance(cfg, DataConfig) and cfg.source == name

@@ -14,9 +14,9 @@ import pytest
 
 from aiayn.data import prepare as prepare_module
 from aiayn.data.config import DataConfig, TokenizerConfig
-from aiayn.data.errors import DataError
 from aiayn.data.prepare import load_manifest, prepare
 from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import DataError
 
 from .conftest import SIZES
 

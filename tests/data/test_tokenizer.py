@@ -6,10 +6,10 @@ import pytest
 from tokenizers import Tokenizer, models
 
 from aiayn.data.config import TokenizerConfig
-from aiayn.data.errors import DataError
 from aiayn.data.special import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from aiayn.data.tokenizer import Tokenizers, train_bpe
 from aiayn.data.toy import generate_pairs
+from aiayn.errors import DataError
 
 PAIRS = generate_pairs(300, seed=0)
 EXTRA = ["Straße, Café und Ärger — 42 % (ok)?", "Zwei  Leerzeichen und\ttab."]

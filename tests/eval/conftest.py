@@ -6,28 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from aiayn.config import CONF_DIR
-from tests.training.helpers import compose_train
+from tests.helpers import compose_train
 
 TOY = ["data.toy_train_size=1500", "data.toy_val_size=40", "data.toy_test_size=30"]
-
-
-def compose_config(name: str, overrides: list[str], output_dir: Path) -> DictConfig:
-    """conf/<name>.yaml + overrides, ${hydra:...} resolved, output in output_dir."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose(name, overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(output_dir)
-        cfg.paths.log_dir = str(output_dir / "logs")
-        del cfg.hydra
-    return cfg
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -58,7 +41,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     """A finished tiny training run (40 steps: a barely trained model, whose output still
     depends on its input): checkpoints/step{20,40}.ckpt, last.ckpt, averaged.ckpt (of the two
     validations), attention/step{20,40}/*.png, and .hydra/config.yaml."""
-    from aiayn.train import run
+    from aiayn.training.run import run
 
     out = tmp_path_factory.mktemp("run")
     cfg = compose_train(
@@ -103,8 +86,8 @@ def ckpt(run_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def module(ckpt: Path):
-    from aiayn.translation import load_checkpoint
+def translator(ckpt: Path):
+    from aiayn.inference import load_checkpoint
 
     return load_checkpoint(ckpt, "cpu")
 
@@ -112,18 +95,18 @@ def module(ckpt: Path):
 @pytest.fixture(scope="session")
 def sources(run_dir: Path) -> list[str]:
     """The first toy test sentences (raw text)."""
-    from aiayn.data.corpus import read_split
-    from aiayn.evaluation import run_data_config
+    from aiayn.data import read_split
+    from aiayn.inference.evaluation import run_data_config
 
     return read_split(run_data_config(run_dir / "checkpoints" / "last.ckpt"), "test")[0][:6]
 
 
-def reference_translations(module, lines: list[str]) -> list[str]:
-    """What `TranslationModule.translate_batch` gives for lines ('' for blank lines), all
-    in one padded batch laid out as in training (x + <eos>)."""
+def reference_translations(translator, lines: list[str]) -> list[str]:
+    """What `Translator.translate_batch` gives for lines ('' for blank lines), all in one
+    padded batch laid out as in training (x + <eos>)."""
     from aiayn.data.dataset import collate_sources
 
     texts = [line for line in lines if line.strip()]
-    src, _ = collate_sources(module.tokenizers.encode(texts, side="src"))
-    out = iter(module.translate_batch(src))
+    src, _ = collate_sources(translator.tokenizers.encode(texts, side="src"))
+    out = iter(translator.translate_batch(src))
     return [next(out) if line.strip() else "" for line in lines]

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from aiayn.config import ConfigError
-from aiayn.data.corpus import read_split
+from aiayn.data import read_split
 from aiayn.data.datamodule import TranslationDataModule
-from aiayn.evaluation import moses_tokenize, run, run_data_config, score
-from tests.eval.conftest import compose_config
-from tests.training.helpers import REPO
+from aiayn.errors import ConfigError
+from aiayn.inference.evaluation import moses_tokenize, run, run_data_config, score
+from tests.helpers import CONFIG_ERRORS, cli, compose_config
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +45,7 @@ def test_bleu_json_matches_sacrebleu_on_written_file(evaluated, ckpt):
     assert saved["split"] == "test" and saved["decode"]["strategy"] == "greedy"
 
 
-def test_hypotheses_equal_translate_batch_on_data_batches(evaluated, module, ckpt):
+def test_hypotheses_equal_translate_batch_on_data_batches(evaluated, translator, ckpt):
     out, _ = evaluated
     hyps = (out / "hypotheses.test.txt").read_text(encoding="utf-8").split("\n")[:-1]
     datamodule = TranslationDataModule(run_data_config(ckpt))
@@ -56,7 +53,7 @@ def test_hypotheses_equal_translate_batch_on_data_batches(evaluated, module, ckp
     datamodule.setup("test")
     expected: dict[int, str] = {}
     for batch in datamodule.dataloader("test"):
-        expected.update(zip(batch.ids.tolist(), module.translate_batch(batch.src), strict=True))
+        expected.update(zip(batch.ids.tolist(), translator.translate_batch(batch.src), strict=True))
     assert hyps == [expected[i] for i in range(len(hyps))]
     assert len(set(hyps)) > 3
 
@@ -79,16 +76,11 @@ def test_score_perfect_and_partial():
 
 
 def test_cli_missing_checkpoint_and_unknown_key(tmp_path):
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "evaluate.py", *args, f"paths.log_dir={tmp_path}"]
-        return subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
-        )
-
-    proc = cli(f"ckpt_path={tmp_path / 'missing.ckpt'}", "data=toy")
+    args = [f"ckpt_path={tmp_path / 'missing.ckpt'}", "data=toy", f"paths.log_dir={tmp_path}"]
+    proc = cli(args, tmp_path, "evaluate.py")
     assert proc.returncode == 1
     assert "missing.ckpt not found" in proc.stderr and "Traceback" not in proc.stderr
-    with pytest.raises(ConfigError, match="splitt"):
+    with pytest.raises(CONFIG_ERRORS, match="splitt"):
         run(compose_config("eval", ["ckpt_path=x.ckpt", "+splitt=val"], tmp_path))
 
 

@@ -11,20 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.config import ConfigError
 from aiayn.data.config import TokenizerConfig
 from aiayn.data.dataset import collate_sources
 from aiayn.data.tokenizer import Tokenizers, train_bpe
+from aiayn.errors import CheckpointError, ConfigError, TranslationError
+from aiayn.inference import decode_config, load_checkpoint
+from aiayn.inference.translate import run
 from aiayn.model import DecodeConfig, generate
-from aiayn.translation import (
-    TranslationError,
-    Translator,
-    decode_config,
-    load_checkpoint,
-    run,
-)
-from tests.eval.conftest import compose_config, reference_translations
-from tests.training.helpers import REPO
+from tests.eval.conftest import reference_translations
+from tests.helpers import CONFIG_ERRORS, REPO, compose_config
 
 CPU = ["device=cpu", "batch_size=2"]
 LONG = "seven " * 300  # > 255 tokens: over the tiny model's max_positions - 1
@@ -41,19 +36,19 @@ def _read(path: Path) -> list[str]:
     return text.split("\n")[:-1]
 
 
-def test_file_to_file_matches_translate_batch(ckpt, module, lines, tmp_path):
+def test_file_to_file_matches_translate_batch(ckpt, translator, lines, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "batch_size=3"]
     assert run(compose_config("translate", [*overrides, "device=cpu"], tmp_path)) == len(lines)
     got = _read(out)
-    assert got == reference_translations(module, lines)
+    assert got == reference_translations(translator, lines)
     assert got[1] == "" and got[3] == ""  # blank in, blank out: alignment kept
     assert all(got[i] for i in (0, 2, 4, 5))
     assert len(set(got)) > 2  # the output depends on the input
 
 
-def test_stdin_to_stdout(ckpt, module, lines, tmp_path):
+def test_stdin_to_stdout(ckpt, translator, lines, tmp_path):
     proc = subprocess.run(
         [sys.executable, "translate.py", f"ckpt_path={ckpt}", *CPU, f"paths.log_dir={tmp_path}"],
         input="\n".join(lines) + "\n",
@@ -64,18 +59,18 @@ def test_stdin_to_stdout(ckpt, module, lines, tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:-1] == reference_translations(module, lines)
+    assert proc.stdout.split("\n")[:-1] == reference_translations(translator, lines)
 
 
-def test_decode_override_on_top_of_checkpoint(ckpt, module, sources, tmp_path):
+def test_decode_override_on_top_of_checkpoint(ckpt, translator, sources, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(sources[:3]) + "\n", encoding="utf-8")
     overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "device=cpu"]
-    run(compose_config("translate", [*overrides, "decode=beam", "decode.beam_size=2"], tmp_path))
+    run(compose_config("translate", [*overrides, "decode=beam", "+decode.beam_size=2"], tmp_path))
     config = DecodeConfig(strategy="beam", beam_size=2)
-    batch, _ = collate_sources(module.tokenizers.encode(sources[:3], side="src"))
-    hyps = generate(module.model, batch, config)
-    assert _read(out) == module.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
+    batch, _ = collate_sources(translator.tokenizers.encode(sources[:3], side="src"))
+    hyps = generate(translator.model, batch, config)
+    assert _read(out) == translator.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
 
 
 def test_decode_config_merges_and_names_bad_keys():
@@ -87,35 +82,34 @@ def test_decode_config_merges_and_names_bad_keys():
         decode_config(base, {"nbest": 9})
 
 
-def test_long_line_truncated_with_warning(module, sources, caplog):
-    translator = Translator(module, module.decode_config, on_long="truncate")
-    with caplog.at_level(logging.WARNING, logger="aiayn.translation"):
+def test_long_line_truncated_with_warning(translator, sources, caplog):
+    with caplog.at_level(logging.WARNING, logger="aiayn.inference.translator"):
         got = translator.translate([sources[0], LONG], source="doc.txt")
     assert "doc.txt:2" in caplog.text and "truncated" in caplog.text
-    ids = module.tokenizers.encode([LONG], side="src")[0][: translator.max_src_tokens]
-    hyp = generate(module.model, collate_sources([ids])[0], module.decode_config)[0][0]
+    ids = translator.tokenizers.encode([LONG], side="src")[0][: translator.max_src_tokens]
+    hyp = generate(translator.model, collate_sources([ids])[0], translator.decode)[0][0]
     assert got == [
-        reference_translations(module, [sources[0]])[0],
-        module.tokenizers.decode([hyp.tokens], side="tgt")[0],
+        reference_translations(translator, [sources[0]])[0],
+        translator.tokenizers.decode([hyp.tokens], side="tgt")[0],
     ]
 
 
-def test_long_line_fails_naming_it_and_keeps_earlier_output(ckpt, module, sources, tmp_path):
+def test_long_line_fails_naming_it_and_keeps_earlier_output(ckpt, translator, sources, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join([sources[0], sources[1], sources[2], LONG, sources[3]]) + "\n")
     overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "batch_size=2"]
     cfg = compose_config("translate", [*overrides, "on_long=fail", "device=cpu"], tmp_path)
     with pytest.raises(TranslationError, match=rf"{src}:4: \d+ tokens.*on_long=truncate"):
         run(cfg)
-    assert _read(out) == reference_translations(module, sources[:3])
+    assert _read(out) == reference_translations(translator, sources[:3])
 
 
 def test_missing_and_broken_checkpoints(tmp_path):
-    with pytest.raises(TranslationError, match=r"nope\.ckpt not found"):
+    with pytest.raises(CheckpointError, match=r"nope\.ckpt not found"):
         load_checkpoint(tmp_path / "nope.ckpt")
     broken = tmp_path / "broken.ckpt"
     broken.write_text("not a checkpoint")
-    with pytest.raises(TranslationError, match=r"cannot load checkpoint .*broken\.ckpt"):
+    with pytest.raises(CheckpointError, match=r"cannot read checkpoint .*broken\.ckpt"):
         load_checkpoint(broken)
 
 
@@ -126,24 +120,24 @@ def test_mismatched_tokenizer(ckpt, tmp_path):
     other = Tokenizers(train_bpe(texts, TokenizerConfig(vocab_size=40, min_frequency=1)))
     other.save(tmp_path)
     given = str(tmp_path / "tokenizer.json")
-    with pytest.raises(TranslationError, match=r"differs from the one checkpoint .* was trained"):
+    with pytest.raises(CheckpointError, match=r"differs from the one checkpoint .* was trained"):
         load_checkpoint(ckpt, "cpu", tokenizer=given)
     bare = tmp_path / "bare.ckpt"  # a checkpoint without its tokenizer: sizes must still fit
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
     del checkpoint["tokenizers"]
     torch.save(checkpoint, bare)
-    with pytest.raises(TranslationError, match=r"vocabulary of \d+ tokens but the model expects"):
+    with pytest.raises(CheckpointError, match=r"vocabulary of \d+ tokens but the model expects"):
         load_checkpoint(bare, "cpu", tokenizer=given)
 
 
-def test_invalid_utf8_line_is_named_and_earlier_lines_are_kept(ckpt, module, sources, tmp_path):
+def test_invalid_utf8_line_is_named_and_earlier_lines_are_kept(ckpt, translator, sources, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     good = "\n".join(sources[:2]).encode()
     src.write_bytes(good + b"\nbad \xff\xfe bytes\n" + sources[2].encode() + b"\n")
     overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "batch_size=5"]
     with pytest.raises(TranslationError, match=rf"{src}:3: not valid UTF-8"):
         run(compose_config("translate", [*overrides, "device=cpu"], tmp_path))
-    assert _read(out) == reference_translations(module, sources[:2])
+    assert _read(out) == reference_translations(translator, sources[:2])
 
 
 def test_input_and_output_the_same_file_is_refused(ckpt, sources, tmp_path):
@@ -160,5 +154,5 @@ def test_required_and_unknown_keys(tmp_path):
         run(compose_config("translate", [], tmp_path))
     with pytest.raises(ConfigError, match="on_long"):
         run(compose_config("translate", ["ckpt_path=x.ckpt", "on_long=skip"], tmp_path))
-    with pytest.raises(ConfigError, match="beam_sise"):
+    with pytest.raises(CONFIG_ERRORS, match="beam_sise"):
         run(compose_config("translate", ["ckpt_path=x.ckpt", "+beam_sise=3"], tmp_path))

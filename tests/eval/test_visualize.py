@@ -7,7 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from aiayn.visualize import KINDS, attention_example, figures, main
+from aiayn.cli.visualize import run
+from aiayn.inference.attention import KINDS, attention_example, figures
+from tests.helpers import CONFIG_ERRORS, cli, compose_config
 
 LAYERS = (1, 2)  # model=tiny: 2 + 2 layers, 4 heads
 NAMES = sorted(f"{kind}_layer{i}.png" for kind in KINDS for i in LAYERS)
@@ -20,16 +22,19 @@ def _check_pngs(directory) -> None:
         assert 400 <= width <= 4000 and 150 <= height <= 3000, (path.name, width, height)
 
 
-def test_cli_writes_one_png_per_kind_and_layer(ckpt, tmp_path, capsys):
-    main(
-        [f"ckpt_path={ckpt}", "sentence=The red car washes seven birds.", f"output_dir={tmp_path}"]
+def test_cli_writes_one_png_per_kind_and_layer(ckpt, tmp_path):
+    out = tmp_path / "attn"
+    args = [f"ckpt_path={ckpt}", "sentence=The red car washes seven birds.", f"output_dir={out}"]
+    result = cli([*args, f"paths.log_dir={tmp_path}"], tmp_path, "aiayn.visualize")
+    assert result.returncode == 0, result.stderr
+    _check_pngs(out)
+    assert "6 heatmaps" in result.stdout
+
+
+def test_maps_shapes_rows_and_panels(translator):
+    example = attention_example(
+        translator, "The red car washes seven birds.", target="Das rote Auto."
     )
-    _check_pngs(tmp_path)
-    assert "6 heatmaps" in capsys.readouterr().out
-
-
-def test_maps_shapes_rows_and_panels(module):
-    example = attention_example(module, "The red car washes seven birds.", target="Das rote Auto.")
     assert example.src[-1] == "<eos>" and example.tgt_in[0] == "<bos>"
     assert example.tgt_out[:-1] == example.tgt_in[1:] and example.tgt_out[-1] == "<eos>"
     for kind in KINDS:
@@ -49,6 +54,6 @@ def test_callback_saved_pngs_per_validation(run_dir):
         _check_pngs(run_dir / "attention" / f"step{step}")
 
 
-def test_cli_requires_sentence(ckpt):
-    with pytest.raises(SystemExit, match="sentence"):
-        main([f"ckpt_path={ckpt}"])
+def test_cli_requires_sentence(ckpt, tmp_path):
+    with pytest.raises(CONFIG_ERRORS, match="sentence"):
+        run(compose_config("visualize", [f"ckpt_path={ckpt}"], tmp_path))

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 from model_helpers import PAD, random_tokens, tiny_model
 
-from aiayn.model import attention_mask, causal_mask, padding_mask
-from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention, attend
+from aiayn.model import attention_mask, capture_attention, causal_mask, padding_mask
+from aiayn.model.attention import (
+    MultiHeadCrossAttention,
+    MultiHeadSelfAttention,
+    _Heads,
+    attention_probs,
+)
 from aiayn.model.embedding import SinusoidalPositionalEncoding
 
 
@@ -36,24 +42,28 @@ def test_explicit_path_matches_sdpa(module: type) -> None:
     key_pad[1, 3:] = False
     causal = causal_mask(5) if module is MultiHeadSelfAttention else None
     mask = attention_mask(key_pad, causal)
-    args = (x, mask) if module is MultiHeadSelfAttention else (x, memory, mask)
-    weights: list[torch.Tensor] = []
-    fast = attn(*args)
-    slow = attn(*args, weights=weights)
+    kwargs = {"mask": mask}
+    if module is MultiHeadCrossAttention:
+        kwargs["memory"] = memory
+    fast = attn(x, **kwargs)
+    attn.record = recorded = []  # what capture_attention does to every module
+    slow = attn(x, **kwargs)
     torch.testing.assert_close(slow, fast, atol=1e-6, rtol=1e-5)
-    (probs,) = weights
+    (probs,) = recorded
     assert probs.shape == (2, 4, 5, keys)
     assert probs[~mask.expand_as(probs)].abs().max() == 0
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 5))
 
 
-def test_attend_is_causal_matches_explicit_mask() -> None:
-    q, k, v = torch.randn(3, 2, 1, 6, 4).unbind(0)
-    fast = attend(q, k, v, is_causal=True)
-    weights: list[torch.Tensor] = []
-    slow = attend(q, k, v, is_causal=True, weights=weights)
-    torch.testing.assert_close(slow, fast, atol=1e-6, rtol=1e-5)
-    assert torch.equal(weights[0][0, 0].triu(1), torch.zeros(6, 6))
+@pytest.mark.parametrize("num_keys", [6, 9])
+def test_causal_probs_match_sdpa_is_causal(num_keys: int) -> None:
+    q = torch.randn(2, 3, 6, 4)
+    k, v = torch.randn(2, 2, 3, num_keys, 4).unbind(0)
+    probs = attention_probs(q, k, causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(probs @ v, expected, atol=1e-6, rtol=1e-5)
+    assert torch.equal(probs[0, 0].triu(1), torch.zeros(6, num_keys))  # top-left aligned
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3, 6))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -65,11 +75,15 @@ def test_attention_maps(norm_first: bool) -> None:
     tgt[1, 3:] = PAD
     with torch.no_grad():
         logits = model(src, tgt)
+        with capture_attention(model) as captured:
+            explicit_logits = model(src, tgt)
         maps = model.attention_maps(src, tgt)
-        collected = {key: [] for key in maps}
-        explicit_logits = model._forward_with_maps(src, tgt, None, None, collected)
     torch.testing.assert_close(explicit_logits, logits, atol=1e-5, rtol=1e-5)
-    assert [len(maps[k]) for k in ("encoder_self", "decoder_self", "decoder_cross")] == [3, 2, 2]
+    assert list(maps) == ["encoder_self", "decoder_self", "decoder_cross"]
+    assert [len(maps[k]) for k in maps] == [3, 2, 2]
+    for name in maps:
+        for ours, theirs in zip(maps[name], captured[name], strict=True):
+            assert torch.equal(ours, theirs)
     src_real, tgt_real = src != PAD, tgt != PAD
     for name, (tq, tk) in {
         "encoder_self": (6, 6),
@@ -84,9 +98,55 @@ def test_attention_maps(norm_first: bool) -> None:
             visible = visible.expand_as(probs)
             assert probs[~visible].abs().max() == 0
             torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, tq))
+    # layer order: the first encoder map is the first layer's, recomputed by hand
+    layer = model.encoder.layers[0]
+    with torch.no_grad():
+        x = model.src_embed(src)
+        x = layer.norm1(x) if norm_first else x
+        q, k, _ = layer.self_attn.split(layer.self_attn.qkv_proj(x), 3)
+        first = attention_probs(q, k, attention_mask(src_real))
+    torch.testing.assert_close(maps["encoder_self"][0], first)
+    assert not torch.allclose(maps["encoder_self"][1], first)
     # the maps do not leave state behind: forward still takes the fused path and agrees
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), logits)
+
+
+def test_capture_attention_restores_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = []
+
+    def counting_sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting_sdpa)
+    model = tiny_model()  # 2 + 2 layers: 6 attention calls per forward
+    modules = [m for m in model.modules() if isinstance(m, _Heads)]
+    assert len(modules) == 6
+    src, tgt = random_tokens(2, 6, 23, seed=1), random_tokens(2, 5, 23, seed=2)
+
+    def forward_calls() -> int:
+        calls.clear()
+        with torch.no_grad():
+            model(src, tgt)
+        return len(calls)
+
+    assert forward_calls() == 6
+    with capture_attention(model) as maps:
+        assert all(m.record is not None for m in modules)
+        assert forward_calls() == 0  # explicit path everywhere
+        assert [len(v) for v in maps.values()] == [2, 2, 2]
+    assert all(m.record is None for m in modules)
+    assert forward_calls() == 6
+    assert [len(v) for v in maps.values()] == [2, 2, 2]  # nothing recorded after the block
+
+    with pytest.raises(RuntimeError, match="inside the block"), capture_attention(model) as maps:
+        assert forward_calls() == 0
+        raise RuntimeError("inside the block")
+    assert all(m.record is None for m in modules)
+    assert forward_calls() == 6
+    assert [len(v) for v in maps.values()] == [2, 2, 2]
 
 
 @pytest.mark.parametrize("d_model", [16, 15])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -31,11 +32,26 @@ from aiayn.model import ModelConfig, Transformer, format_parameter_summary, para
         ({"src_vocab_size": 0, "share_embeddings": "none"}, "src_vocab_size"),
         ({"d_embed": 0}, "d_embed"),
         ({"pad_id": 99}, "pad_id"),
+        ({"bos_id": 23}, "bos_id"),
+        ({"eos_id": -1}, "eos_id"),
+        ({"eos_id": 30, "tgt_vocab_size": 31, "share_embeddings": "none"}, "eos_id"),
+        ({"bos_id": True}, "bos_id"),
+        ({"bos_id": 0}, "bos_id"),
+        ({"eos_id": 1}, "eos_id"),
+        ({"pad_id": 2}, "pad_id"),
     ],
 )
 def test_invalid_config_names_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=rf"\b{field}\b"):
         tiny_config(**overrides)
+
+
+def test_special_ids_default_for_configs_saved_without_them() -> None:
+    saved = asdict(tiny_config(pad_id=0))
+    del saved["bos_id"], saved["eos_id"]  # hyper-parameters of an older checkpoint
+    cfg = ModelConfig(**saved)
+    assert (cfg.pad_id, cfg.bos_id, cfg.eos_id) == (0, 1, 2)
+    assert tiny_config(bos_id=5, eos_id=3).bos_id == 5
 
 
 def closed_form(cfg: ModelConfig) -> int:

@@ -34,9 +34,10 @@ def test_invalid_decode_config_names_the_field(overrides: dict[str, Any], field:
         DecodeConfig(**overrides)
 
 
-def peaky_model(seed: int = 0) -> Transformer:
-    """A random tiny model with sharper output distributions (varied, source-dependent)."""
-    model = tiny_model(seed, share_embeddings="none", norm_first=True)
+def peaky_model(seed: int = 0, eos_id: int = EOS) -> Transformer:
+    """A random tiny model with sharper output distributions (varied, source-dependent); the
+    weights depend on ``seed`` only."""
+    model = tiny_model(seed, share_embeddings="none", norm_first=True, eos_id=eos_id)
     with torch.no_grad():
         model.output.weight.mul_(4.0)
     return model
@@ -53,16 +54,17 @@ def padded_batch() -> tuple[torch.Tensor, list[int]]:
 def test_beam_size_one_equals_greedy() -> None:
     model = peaky_model()
     src, lengths = padded_batch()
-    greedy = generate(model, src, DecodeConfig(max_len_b=6), eos_id=EOS)
-    beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6), eos_id=EOS)
+    greedy = generate(model, src, DecodeConfig(max_len_b=6))
+    beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6))
     assert beam == greedy  # tokens and scores, exactly
     assert [len(h) for h in greedy] == [1, 1, 1]
     # some hypotheses end with EOS and some at the length limit, so both paths are compared
     limits = [n + 6 for n in lengths]  # a * |src| + b with a = 1, b = 6
     ended = set()
     for eos_id in (5, 9, 13):
-        greedy = generate(model, src, DecodeConfig(max_len_b=6), eos_id=eos_id)
-        beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6), eos_id=eos_id)
+        model = peaky_model(eos_id=eos_id)
+        greedy = generate(model, src, DecodeConfig(max_len_b=6))
+        beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6))
         assert beam == greedy
         ended |= {len(h[0].tokens) == limit for h, limit in zip(greedy, limits, strict=True)}
     assert ended == {True, False}
@@ -73,22 +75,22 @@ def test_beam_size_one_equals_greedy() -> None:
     [DecodeConfig(max_len_b=7), DecodeConfig("beam", beam_size=3, nbest=3, max_len_b=7)],
 )
 def test_sentence_decodes_the_same_alone_and_in_a_padded_batch(config: DecodeConfig) -> None:
-    model = peaky_model(1)
+    model = peaky_model(1, eos_id=7)
     src, lengths = padded_batch()
-    batch = generate(model, src, config, eos_id=7)
+    batch = generate(model, src, config)
     for row, n in enumerate(lengths):
-        (alone,) = generate(model, src[row : row + 1, :n], config, eos_id=7)
+        (alone,) = generate(model, src[row : row + 1, :n], config)
         assert [h.tokens for h in alone] == [h.tokens for h in batch[row]]
         for a, b in zip(alone, batch[row], strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
 def test_scores_are_length_normalised_logprobs_in_order() -> None:
-    model = peaky_model(2)
+    model = peaky_model(2, eos_id=11)
     src, _ = padded_batch()
     alpha = 0.6
     config = DecodeConfig("beam", beam_size=4, nbest=4, length_penalty=alpha, max_len_b=5)
-    results = generate(model, src, config, eos_id=11)
+    results = generate(model, src, config)
     for row, hyps in enumerate(results):
         assert len(hyps) == 4
         scores = [h.score for h in hyps]
@@ -114,10 +116,12 @@ def test_length_penalty_formula() -> None:
 
 class MarkovModel:
     """A stand-in for ``Transformer``: the next token depends on the previous one only,
-    through a hand-made table of probabilities; counts ``decode`` calls."""
+    through a hand-made table of probabilities; counts ``decode_step`` calls."""
 
     def __init__(self, table: dict[int, dict[int, float]], vocab: int = 5) -> None:
-        self.config = SimpleNamespace(pad_id=PAD, max_positions=100, tgt_vocab_size=vocab)
+        self.config = SimpleNamespace(
+            pad_id=PAD, bos_id=BOS, eos_id=EOS, max_positions=100, tgt_vocab_size=vocab
+        )
         logp = torch.full((vocab, vocab), math.log(1e-9))
         for prev, row in table.items():
             for nxt, p in row.items():
@@ -131,7 +135,7 @@ class MarkovModel:
     def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> Any:
         return SimpleNamespace(reorder=lambda index, cross=True: None)
 
-    def decode(self, tokens: torch.Tensor, memory: Any, cache: Any = None) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, cache: Any) -> torch.Tensor:
         self.calls += 1
         return self.logp[tokens[:, -1]][:, None]
 
@@ -177,7 +181,7 @@ def test_stops_early_once_every_sentence_has_ended(config: DecodeConfig) -> None
 
 
 def scripted_model(
-    successor: dict[int, int], vocab: int = 10, never_eos: bool = False
+    successor: dict[int, int], vocab: int = 10, never_eos: bool = False, **overrides: Any
 ) -> Transformer:
     """A real Transformer whose decoder maps the previous token ``i`` to ``successor[i]``:
     sublayer outputs zeroed, one-hot target embeddings, output rows pointing back at them.
@@ -189,6 +193,7 @@ def scripted_model(
         norm_first=True,
         positional="learned",
         max_positions=64,
+        **overrides,
     )
     with torch.no_grad():
         for layer in model.decoder.layers:
@@ -202,7 +207,7 @@ def scripted_model(
             model.output.weight[nxt, prev] += 10.0
         if never_eos:
             model.decoder.norm.bias[15] = 1.0
-            model.output.weight[EOS, 15] = -100.0
+            model.output.weight[model.config.eos_id, 15] = -100.0
     return model
 
 
@@ -219,6 +224,25 @@ def test_scripted_model_emits_its_sequence(config: DecodeConfig) -> None:
         assert -0.01 < hyps[0].score <= 0.0  # near-certain
         if config.nbest > 1:
             assert hyps[1].score < hyps[0].score - 10
+
+
+@pytest.mark.parametrize(
+    "config", [DecodeConfig(), DecodeConfig("beam", beam_size=3, nbest=2, length_penalty=1.0)]
+)
+def test_special_ids_come_from_the_model_config(config: DecodeConfig) -> None:
+    successor = {1: 5, 5: 6, 6: 7, 7: 2, 3: 8, 8: 9, 9: 2}  # two chains: from 1 and from 3
+    src = random_tokens(2, 4, 10)
+    src[1, 2:] = PAD
+    for ids, expected in [
+        ({}, [5, 6, 7]),  # defaults: start at 1, stop at 2
+        ({"bos_id": 3}, [8, 9]),  # start elsewhere
+        ({"eos_id": 6}, [5]),  # stop earlier: 6 is now the EOS
+        ({"bos_id": 3, "eos_id": 9}, [8]),
+    ]:
+        model = scripted_model(successor, **ids)
+        for hyps in generate(model, src, config):
+            assert hyps[0].tokens == expected
+            assert -0.01 < hyps[0].score <= 0.0  # ended with the EOS, near-certain
 
 
 @pytest.mark.parametrize(

@@ -129,10 +129,13 @@ def test_cached_decoding_equals_full_pass(norm_first: bool, positional: str) -> 
         memory = model.encode(src, src_mask)
         cache = model.init_cache(memory, src_mask)
         assert cache.length == 0
-        steps = [model.decode(tgt[:, t : t + 1], None, cache=cache) for t in range(4)]
+        steps = [model.decode_step(tgt[:, t : t + 1], cache) for t in range(4)]
         assert cache.length == 4
-        steps.append(model.decode(tgt[:, 4:], memory, cache=cache))  # several tokens at once
+        steps.append(model.decode_step(tgt[:, 4:], cache))  # several tokens at once
+        assert cache.length == 9
+        teacher_forced = model.decode(tgt, memory, src_mask)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(teacher_forced, full, atol=1e-5, rtol=1e-5)
 
 
 def test_cache_reorder_selects_batch_rows() -> None:
@@ -145,22 +148,47 @@ def test_cache_reorder_selects_batch_rows() -> None:
         expected = model(src[index], tgt[index])
         memory = model.encode(src)
         cache = model.init_cache(memory, src != PAD)
-        first = model.decode(tgt[:, :2], None, cache=cache)
+        first = model.decode_step(tgt[:, :2], cache)
         cache.reorder(index)
-        rest = model.decode(tgt[index, 2:], None, cache=cache)
+        rest = model.decode_step(tgt[index, 2:], cache)
     torch.testing.assert_close(first[index], expected[:, :2], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rest, expected[:, 2:], atol=1e-5, rtol=1e-5)
 
 
-def test_decode_with_cache_rejects_wrong_use() -> None:
+def test_decode_step_rejects_a_wrong_batch_size() -> None:
     model = tiny_model()
     src = random_tokens(2, 4, 23)
     with torch.no_grad():
-        cache = model.init_cache(model.encode(src))
-        with pytest.raises(ValueError, match="tgt_mask"):
-            model.decode(src[:, :1], None, tgt_mask=torch.ones(2, 1, dtype=torch.bool), cache=cache)
+        cache = model.init_cache(model.encode(src), None)
         with pytest.raises(ValueError, match="batch size"):
-            model.decode(src[:1, :1], None, cache=cache)
+            model.decode_step(src[:1, :1], cache)
+    assert cache.length == 0
+
+
+def test_decode_src_mask_none_means_no_source_padding() -> None:
+    model = tiny_model()
+    src = random_tokens(2, 6, 23, seed=17)
+    tgt = random_tokens(2, 5, 23, seed=18)
+    tgt[1, 3:] = PAD  # the target mask is still derived from pad_id
+    with torch.no_grad():
+        memory = model.encode(src)
+        unmasked = model.decode(tgt, memory, None)
+        all_real = model.decode(tgt, memory, torch.ones(2, 6, dtype=torch.bool))
+        full = model(src, tgt)
+        # with source padding, None is not derived: the padded keys stay visible
+        padded = src.clone()
+        padded[0, 4:] = PAD
+        memory = model.encode(padded)
+        masked = model.decode(tgt, memory, padded != PAD)
+        not_derived = model.decode(tgt, memory, None)
+        padded_full = model(padded, tgt)
+        with pytest.raises(TypeError, match="src_mask"):
+            model.decode(tgt, memory)  # type: ignore[call-arg]
+    torch.testing.assert_close(unmasked, all_real, atol=0, rtol=0)
+    torch.testing.assert_close(unmasked, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(masked, padded_full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(not_derived[1], masked[1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(not_derived[0], masked[0], atol=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.config import CONF_DIR, ConfigError, TrainConfig, to_schema
-
-from .helpers import compose_train
+from aiayn.config import CONF_DIR, TrainConfig, to_schema
+from aiayn.errors import ConfigError
+from tests.helpers import CONFIG_ERRORS, compose_train
 
 GROUPS = ["data", "model", "optim", "decode", "trainer", "logger", "callbacks", "experiment"]
 
@@ -29,7 +29,9 @@ def test_every_shipped_config_composes_and_validates(group, option, tmp_path):
 
 
 @pytest.mark.parametrize("sweep", _options("sweep"))
-def test_every_named_sweep_defines_a_grid(sweep, tmp_path):
+def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
+    """Each value of each swept key composes into a valid TrainConfig (so a misspelt key such
+    as `model.num_head` or an impossible value fails here, not after a sweep launched)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -39,8 +41,12 @@ def test_every_named_sweep_defines_a_grid(sweep, tmp_path):
     params = cfg.hydra.sweeper.params
     assert params, f"conf/sweep/{sweep}.yaml defines no hydra.sweeper.params"
     for key, values in params.items():
-        assert key.split(".")[0] in {"model", "optim", "data", "decode", "trainer"}
-        assert len(str(values).split(",")) >= 2
+        choices = str(values).split(",")
+        assert len(choices) >= 2, f"{key}: {values}"
+        for value in choices:
+            config = to_schema(compose_train([f"{key}={value}"], tmp_path), TrainConfig)
+            group, _, name = key.partition(".")
+            assert str(getattr(getattr(config, group), name)).lower() == value.lower(), key
 
 
 def test_defaults_are_the_documented_ones(tmp_path):
@@ -79,9 +85,8 @@ def test_paper_presets_match_the_paper(tmp_path):
     ],
 )
 def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):
-    cfg = compose_train(overrides, output_dir=tmp_path)
-    with pytest.raises(ConfigError, match=message):
-        to_schema(cfg, TrainConfig)
+    with pytest.raises(CONFIG_ERRORS, match=message):
+        to_schema(compose_train(overrides, output_dir=tmp_path), TrainConfig)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +102,7 @@ def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):
 def test_config_errors_come_before_any_work(override, message, tmp_path):
     """Bad values stop `run` before the data is prepared (no cache directory appears), and the
     message names the key as the user types it."""
-    from aiayn.train import run
+    from aiayn.training.run import run
 
     cache = tmp_path / "cache"
     cfg = compose_train([override, f"data.cache_dir={cache}"], output_dir=tmp_path)
@@ -134,7 +139,7 @@ def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
     ],
 )
 def test_run_level_checks_name_the_key(overrides, message, tmp_path):
-    from aiayn.train import validate
+    from aiayn.training.run import validate
 
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         validate(compose_train(overrides, output_dir=tmp_path))

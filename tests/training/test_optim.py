@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from aiayn.optim import OptimConfig, inverse_sqrt, lr_multiplier, noam
+from aiayn.training.schedules import OptimConfig, inverse_sqrt, lr_multiplier, noam
 
 
 def test_noam_matches_the_paper_formula_and_peaks_at_warmup():

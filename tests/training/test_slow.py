@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from .helpers import cli, cli_overrides, run_dirs
+from tests.helpers import cli, cli_overrides, csv_metrics, run_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ TOY = ["data.toy_train_size=1500", "data.toy_val_size=60", "data.toy_test_size=6
 
 
 def _weights(checkpoint) -> dict[str, torch.Tensor]:
-    return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -65,18 +65,17 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     assert result.returncode != 0
     (run,) = run_dirs(killed)
     last = run / "checkpoints" / "last.ckpt"
-    assert torch.load(last, weights_only=False)["global_step"] == n
+    assert torch.load(last, weights_only=True)["global_step"] == n
 
     result = cli([*args, f"ckpt_path={last}"], killed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert run_dirs(killed) == [run]  # continued in place
     straight_ckpt = run_dirs(straight)[0] / "checkpoints" / "last.ckpt"
-    assert torch.load(straight_ckpt, weights_only=False)["global_step"] == 2 * n
-    assert torch.load(last, weights_only=False)["global_step"] == 2 * n
+    assert torch.load(straight_ckpt, weights_only=True)["global_step"] == 2 * n
+    assert torch.load(last, weights_only=True)["global_step"] == 2 * n
     assert _max_diff(_weights(straight_ckpt), _weights(last)) <= 1e-6
     assert json.loads((run / "metrics.json").read_text())["resumed_from"] == str(last)
-    rows = (run / "csv" / "metrics.csv").read_text().splitlines()  # history kept, appended
-    steps = [int(r.split(",")[rows[0].split(",").index("step")]) for r in rows[1:]]
+    steps = csv_metrics(run)["step"]  # history kept, appended
     assert min(steps) < n < max(steps)
 
 
@@ -133,13 +132,7 @@ def test_ddp_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_
     diff = torch.cat([(wa[k] - wb[k]).flatten() for k in wa]).norm()
     assert diff / torch.cat([wa[k].flatten() for k in wa]).norm() < 1e-2
 
-    def val_losses(run):
-        rows = (run / "csv" / "metrics.csv").read_text().splitlines()
-        header = rows[0].split(",")
-        col = header.index("val/loss")
-        return [float(r.split(",")[col]) for r in rows[1:] if r.split(",")[col]]
-
-    la, lb = val_losses(run_one), val_losses(run_two)
+    la, lb = csv_metrics(run_one)["val/loss"], csv_metrics(run_two)["val/loss"]
     assert len(la) == len(lb) == 2
     assert la == pytest.approx(lb, rel=2e-3)
     assert la[1] < la[0] - 0.2  # and the runs did learn: the comparison is not vacuous

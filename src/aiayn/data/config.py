@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional  # noqa: UP035 (OmegaConf structured configs)
 
-SOURCES = ("toy", "multi30k", "files", "hf")
 ROLES = ("train", "val", "test")
 
 
-def _positive_int(owner: str, name: str, value: object) -> None:
+def positive_int(owner: str, name: str, value: object) -> None:
+    """Raise ValueError naming `{owner}.{name}` unless value is an int > 0."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
 
@@ -34,8 +34,8 @@ class TokenizerConfig:
     min_frequency: int = 2
 
     def __post_init__(self) -> None:
-        _positive_int("TokenizerConfig", "vocab_size", self.vocab_size)
-        _positive_int("TokenizerConfig", "min_frequency", self.min_frequency)
+        positive_int("TokenizerConfig", "vocab_size", self.vocab_size)
+        positive_int("TokenizerConfig", "min_frequency", self.min_frequency)
         if self.vocab_size <= 4:
             raise ValueError(
                 f"TokenizerConfig.vocab_size must exceed the 4 special tokens, got "
@@ -47,22 +47,24 @@ class TokenizerConfig:
 class DataConfig:
     """Where the parallel text comes from and how it becomes batches.
 
-    source: 'toy' (generated, offline; `toy_*` sizes and seed), 'multi30k'
-    (`{root}/{split}.{lang}`), 'files' (`files`: split role -> [src, tgt] line-aligned text
-    files, or [one .tsv with a header row / .jsonl] with fields `src_field`/`tgt_field`,
-    optionally under `parent_field`), 'hf' (a Hugging Face dataset `hf_name`/`hf_config`,
-    optional `hf_data_files`, fields as for files, e.g. parent_field 'translation').
-    `train_split`/`val_split`/`test_split` name the source's splits (multi30k: 'test2016',
-    hf: e.g. 'validation'); in the cache and the API they are always 'train'/'val'/'test'.
+    source: the corpus kind, a name in `aiayn.data.sources.SOURCES` ('toy', 'multi30k',
+    'files', 'hf'); each source class's docstring says what it reads and which of the fields
+    below it uses. `train_split`/`val_split`/`test_split` name the source's splits (multi30k:
+    'test2016', hf: e.g. 'validation'); in the cache and the API they are always
+    'train'/'val'/'test'.
     Train pairs with an empty side, a side longer than `max_len` tokens or a token-length
     ratio above `max_ratio` are dropped; val/test are kept whole (over-long: truncated).
     `max_tokens` bounds each batch's padded size per side, incl. BOS/EOS.
+    `download_url`: base URL of the Multi30k task-1 release that source=multi30k downloads
+    splits missing under `root` from (`<download_url>/<name>.<lang>.gz`, checked against
+    the release checksums, kept under `cache_dir`); None: the official GitHub release.
     """
 
     source: str = "toy"
     src_lang: str = "en"
     tgt_lang: str = "de"
     root: Optional[str] = None  # noqa: UP045
+    download_url: Optional[str] = None  # noqa: UP045 (None: the official release)
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"
@@ -100,10 +102,11 @@ class DataConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field(s) and what to do."""
-        if self.source not in SOURCES:
-            raise ValueError(f"DataConfig.source must be one of {SOURCES}, got {self.source!r}")
-        for name in ("toy_train_size", "toy_val_size", "toy_test_size", "max_len", "max_tokens"):
-            _positive_int("DataConfig", name, getattr(self, name))
+        from aiayn.data.sources import get_source  # here: the sources import this module
+
+        source = get_source(self)
+        for name in ("max_len", "max_tokens"):
+            positive_int("DataConfig", name, getattr(self, name))
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"DataConfig.num_workers must be >= 0, got {self.num_workers!r}")
         if not self.max_ratio >= 1.0:
@@ -116,19 +119,4 @@ class DataConfig:
             )
         if self.src_lang == self.tgt_lang:
             raise ValueError(f"DataConfig.src_lang and tgt_lang are both {self.src_lang!r}")
-        if self.source == "multi30k" and not self.root:
-            raise ValueError("DataConfig.root must name the Multi30k directory for source=multi30k")
-        if self.source == "files":
-            if sorted(self.files) != sorted(ROLES):
-                raise ValueError(
-                    f"DataConfig.files must map each of {ROLES} to [src, tgt] text files or "
-                    f"[one .tsv/.jsonl file], got keys {sorted(self.files)}"
-                )
-            for role, paths in self.files.items():
-                if len(paths) not in (1, 2):
-                    raise ValueError(
-                        f"DataConfig.files.{role} must list 2 text files or 1 .tsv/.jsonl "
-                        f"file, got {list(paths)}"
-                    )
-        if self.source == "hf" and not self.hf_name:
-            raise ValueError("DataConfig.hf_name must name a dataset (e.g. wmt14) for source=hf")
+        source.validate()

@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader
 
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.dataset import SplitDataset, collate
-from aiayn.data.errors import DataError
 from aiayn.data.prepare import cache_path, load_manifest, prepare
 from aiayn.data.sampler import TokenBatchSampler, padding_efficiency
 from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import DataError
 
 
 class TranslationDataModule(L.LightningDataModule):

@@ -1,7 +1,7 @@
 """Prepare once, load fast: read a corpus, train (or load) the tokenizer, binarize into a cache.
 
-Cache directory `{cache_dir}/{source}-{src}-{tgt}-{key}`, key = hash of the input fingerprint
-(see `corpus.py`: a `stat` of each file) and every setting that changes the
+Cache directory `{cache_dir}/{source}-{src}-{tgt}-{key}`, key = hash of the source's input
+fingerprint (see `sources/`: a `stat` of each file) and every setting that changes the
 content (tokenizer settings, max_len, max_ratio, languages, splits, fields). Batching
 settings (max_tokens, num_workers) are not part of it. Contents, per role train/val/test:
 
@@ -38,11 +38,12 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, to_schema
+from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
 from aiayn.data.config import ROLES, DataConfig
-from aiayn.data.corpus import file_fingerprint, fingerprint, read_split
-from aiayn.data.errors import DataError
+from aiayn.data.sources import get_source
+from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_bpe
+from aiayn.errors import DataError, exit_on_error
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ def _settings(cfg: DataConfig) -> dict[str, object]:
 
 def cache_path(cfg: DataConfig) -> Path:
     """Where the cache for these inputs and settings lives (cheap: stats files, reads none)."""
-    identity = {"version": CACHE_VERSION, "inputs": fingerprint(cfg), "settings": _settings(cfg)}
+    inputs = get_source(cfg).fingerprint()
+    identity = {"version": CACHE_VERSION, "inputs": inputs, "settings": _settings(cfg)}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.cache_dir) / f"{cfg.source}-{cfg.src_lang}-{cfg.tgt_lang}-{key}"
 
@@ -162,9 +164,10 @@ def _write_texts(out: Path, role: str, src: list[str], tgt: list[str]) -> None:
 
 def _build(cfg: DataConfig, out: Path) -> dict:
     """Write the whole cache into `out` (manifest last) and return the manifest."""
+    source = get_source(cfg)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    texts = {role: read_split(cfg, role) for role in ROLES}
+    texts = {role: source.read(role) for role in ROLES}
     for role, (src, _) in texts.items():
         if not src:
             raise DataError(f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty")
@@ -224,7 +227,7 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     manifest = {
         "version": CACHE_VERSION,
         "settings": _settings(cfg),
-        "inputs": fingerprint(cfg),
+        "inputs": source.fingerprint(),
         "splits": splits,
         "src_vocab_size": tokenizers.src_vocab_size,
         "tgt_vocab_size": tokenizers.tgt_vocab_size,
@@ -255,10 +258,14 @@ def report(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+register()
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="prepare", version_base="1.3")
+@exit_on_error
 def main(cfg: DictConfig) -> None:
     """`python -m aiayn.data.prepare data=<name> [data.key=value ...]`: build and report."""
-    data = to_schema(cfg.data, DataConfig)
+    data = to_schema(cfg, PrepareConfig).data
     path = prepare(data)
     print(f"data cache: {path}\n{report(load_manifest(path))}")
 

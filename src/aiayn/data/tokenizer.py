@@ -14,8 +14,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from aiayn.data.config import TokenizerConfig
-from aiayn.data.errors import DataError
 from aiayn.data.special import SPECIAL_TOKENS, UNK_TOKEN
+from aiayn.errors import DataError
 
 SIDES = ("src", "tgt")
 JOINT_FILE = "tokenizer.json"

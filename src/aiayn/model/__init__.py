@@ -1,5 +1,6 @@
 """The Transformer model in plain PyTorch (no Lightning, Hydra or tokenizer imports)."""
 
+from aiayn.model.attention import capture_attention
 from aiayn.model.cache import KVCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.generate import DecodeConfig, Hypothesis, generate
@@ -14,6 +15,7 @@ __all__ = [
     "ModelConfig",
     "Transformer",
     "attention_mask",
+    "capture_attention",
     "causal_mask",
     "format_parameter_summary",
     "generate",

@@ -1,12 +1,18 @@
 """Multi-head attention (self and cross) on ``F.scaled_dot_product_attention``.
 
 Shapes: ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key lengths, ``Dh = d_model / H``.
-Masks follow ``aiayn.model.masks`` (bool, True = may attend). Passing a list as ``weights``
-switches to the explicit path, which computes the same output and appends the per-head
-attention probabilities ``(B, H, Tq, Tk)`` (before dropout) to that list.
+Masks follow ``aiayn.model.masks`` (bool, True = may attend).
+
+``with capture_attention(model) as maps:`` switches every attention module of a
+``Transformer`` to the explicit path, which computes the same output and records the per-head
+attention probabilities ``(B, H, Tq, Tk)`` (before dropout) into ``maps``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,36 +21,31 @@ from torch import Tensor, nn
 from aiayn.model.cache import LayerCache
 from aiayn.model.masks import causal_mask
 
+if TYPE_CHECKING:
+    from aiayn.model.transformer import Transformer
 
-def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    weights: list[Tensor] | None = None,
+
+def attention_probs(
+    q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool = False
 ) -> Tensor:
-    """``q (B, H, Tq, Dh)``, ``k, v (B, H, Tk, Dh)``, ``mask`` bool broadcastable to
-    ``(B, H, Tq, Tk)`` -> ``(B, H, Tq, Dh)``. ``is_causal`` (only with ``mask=None``) is
-    top-left aligned like SDPA's. With ``weights`` a list: explicit path, probabilities appended.
-    """
-    if weights is None:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-        )
-    if is_causal:
+    """``softmax(q k^T / sqrt(Dh))``: ``q (B, H, Tq, Dh)``, ``k (B, H, Tk, Dh)``, ``mask`` bool
+    broadcastable to ``(B, H, Tq, Tk)`` -> ``(B, H, Tq, Tk)``. ``causal`` (only with
+    ``mask=None``) is top-left aligned like SDPA's ``is_causal``."""
+    if causal:
         mask = causal_mask(q.size(-2), k.size(-2), device=q.device)
     scores = (q @ k.transpose(-2, -1)).float() * q.size(-1) ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.softmax(dim=-1).to(q.dtype)
-    weights.append(probs)
-    return F.dropout(probs, dropout_p) @ v
+    return scores.softmax(dim=-1).to(q.dtype)
 
 
 class _Heads(nn.Module):
-    """Shared helpers: split ``(B, T, n*D)`` into ``n`` tensors ``(B, H, T, Dh)`` and merge back."""
+    """Base of both attention modules: split ``(B, T, n*D)`` into ``n`` tensors
+    ``(B, H, T, Dh)``, attend (SDPA, or the explicit path that records), merge.
+
+    ``record``: None (SDPA fast path) or, inside ``capture_attention``, the list that the
+    explicit path appends its probabilities to.
+    """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
         super().__init__()
@@ -54,19 +55,26 @@ class _Heads(nn.Module):
         self.head_dim = d_model // num_heads
         self.dropout = dropout
         self.out_proj = nn.Linear(d_model, d_model)
+        self.record: list[Tensor] | None = None
 
     def split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
         """``(B, T, n*D)`` -> ``n`` views ``(B, H, T, Dh)``."""
         B, T, _ = x.shape
         return x.view(B, T, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def merge(self, y: Tensor) -> Tensor:
-        """``(B, H, T, Dh)`` -> ``out_proj`` of ``(B, T, D)``."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """``q (B, H, Tq, Dh)``, ``k, v (B, H, Tk, Dh)`` -> ``out_proj`` of ``(B, Tq, D)``."""
+        p = self.dropout if self.training else 0.0
+        if self.record is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal
+            )
+        else:
+            probs = attention_probs(q, k, mask, causal)
+            self.record.append(probs)
+            y = F.dropout(probs, p) @ v
         B, _, T, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-    def dropout_p(self) -> float:
-        return self.dropout if self.training else 0.0
 
     def _xavier_chunks(self, weight: Tensor) -> None:
         """Xavier-uniform each ``(D, D)`` block of a fused projection, as separate layers."""
@@ -89,15 +97,16 @@ class MultiHeadSelfAttention(_Heads):
     def forward(
         self,
         x: Tensor,
+        *,
         mask: Tensor | None = None,
-        is_causal: bool = False,
+        causal: bool = False,
         cache: LayerCache | None = None,
-        weights: list[Tensor] | None = None,
     ) -> Tensor:
+        """``mask (B|1, 1, T|1, T_total)`` or ``causal`` (top-left aligned, without a mask)."""
         q, k, v = self.split(self.qkv_proj(x), 3)
         if cache is not None:
             k, v = cache.append(k, v)
-        return self.merge(attend(q, k, v, mask, is_causal, self.dropout_p(), weights))
+        return self.attend(q, k, v, mask, causal)
 
 
 class MultiHeadCrossAttention(_Heads):
@@ -120,16 +129,44 @@ class MultiHeadCrossAttention(_Heads):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor | None,
+        *,
+        memory: Tensor | None = None,
         mask: Tensor | None = None,
         cache: LayerCache | None = None,
-        weights: list[Tensor] | None = None,
     ) -> Tensor:
+        """``mask (B|1, 1, 1, S)``; with a ``cache`` its keys/values replace ``memory``."""
         (q,) = self.split(self.q_proj(x), 1)
         if cache is not None:
             k, v = cache.cross_k, cache.cross_v
-        else:
-            if memory is None:
-                raise ValueError("cross-attention needs memory when no cache is given")
+        elif memory is not None:
             k, v = self.project_memory(memory)
-        return self.merge(attend(q, k, v, mask, False, self.dropout_p(), weights))
+        else:
+            raise ValueError("cross-attention needs memory when no cache is given")
+        return self.attend(q, k, v, mask, False)
+
+
+@contextmanager
+def capture_attention(model: Transformer) -> Iterator[dict[str, list[Tensor]]]:
+    """Record the attention probabilities of every attention module of ``model``.
+
+    Yields ``{'encoder_self': [...], 'decoder_self': [...], 'decoder_cross': [...]}``, filled
+    while the block runs: each module appends its ``(B, H, Tq, Tk)`` probabilities (before
+    dropout) on each call, so one forward pass gives one map per layer, in layer order. The
+    modules take the explicit path inside the block (same outputs, slower) and are back on the
+    SDPA fast path, recording nothing, when it exits (also when it raises).
+    """
+    modules = {
+        "encoder_self": [layer.self_attn for layer in model.encoder.layers],
+        "decoder_self": [layer.self_attn for layer in model.decoder.layers],
+        "decoder_cross": [layer.cross_attn for layer in model.decoder.layers],
+    }
+    maps: dict[str, list[Tensor]] = {name: [] for name in modules}
+    try:
+        for name, group in modules.items():
+            for module in group:
+                module.record = maps[name]
+        yield maps
+    finally:
+        for group in modules.values():
+            for module in group:
+                module.record = None

@@ -18,6 +18,7 @@ class ModelConfig:
     share_embeddings: 'none' (three matrices), 'decoder' (target embedding = output
     projection) or 'all' (source, target and output projection share one matrix; needs
     equal vocabulary sizes). d_embed: optional factorized embedding size, projected to d_model.
+    pad_id, bos_id, eos_id: the special token ids (distinct, inside both vocabularies).
     """
 
     src_vocab_size: int = 37000
@@ -36,6 +37,8 @@ class ModelConfig:
     share_embeddings: str = "all"
     d_embed: Optional[int] = None  # noqa: UP045 (OmegaConf structured configs need Optional)
     pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,9 +92,15 @@ class ModelConfig:
                 f"src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}; "
                 "use a joint tokenizer or share_embeddings='decoder'/'none'"
             )
-        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < min(
-            self.src_vocab_size, self.tgt_vocab_size
-        ):
+        vocab = min(self.src_vocab_size, self.tgt_vocab_size)
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+                raise ValueError(
+                    f"ModelConfig.{name}={value!r} must be a token id inside both vocabularies"
+                )
+        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise ValueError(
-                f"ModelConfig.pad_id={self.pad_id!r} must be a token id inside both vocabularies"
+                f"ModelConfig.pad_id={self.pad_id}, ModelConfig.bos_id={self.bos_id} and "
+                f"ModelConfig.eos_id={self.eos_id} must be distinct"
             )

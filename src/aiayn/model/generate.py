@@ -1,8 +1,8 @@
 """Greedy and batched beam-search decoding on the key/value cache (pure PyTorch).
 
 ``generate`` runs under ``torch.inference_mode``; putting the model in eval mode (no dropout)
-is the caller's job. Special ids are arguments (defaults match ``aiayn.data.special``:
-BOS=1, EOS=2; padding comes from ``model.config.pad_id``).
+is the caller's job. The special ids come from ``model.config`` (``bos_id``, ``eos_id``,
+``pad_id``).
 
 Scores: a hypothesis' score is ``sum log p(y_i) / ((5 + |Y|) / 6) ** length_penalty`` (GNMT),
 where ``|Y|`` counts the scored tokens: its tokens plus the EOS when it ended with one. A
@@ -97,13 +97,13 @@ def generate(
     src: Tensor,
     config: DecodeConfig,
     src_mask: Tensor | None = None,
-    bos_id: int = 1,
-    eos_id: int = 2,
 ) -> list[list[Hypothesis]]:
     """Translate ``src (B, S)`` (``src_mask (B, S)`` True = real; default from ``pad_id``).
 
-    Returns B lists of ``config.nbest`` hypotheses, best first. A sentence decodes the same
-    alone and inside a padded batch; ``beam_size=1`` gives exactly the greedy result.
+    Decoding starts from ``model.config.bos_id`` and a hypothesis ends at
+    ``model.config.eos_id``. Returns B lists of ``config.nbest`` hypotheses, best first. A
+    sentence decodes the same alone and inside a padded batch; ``beam_size=1`` gives exactly
+    the greedy result.
     """
     if src_mask is None:
         src_mask = padding_mask(src, model.config.pad_id)
@@ -111,23 +111,14 @@ def generate(
     cache = model.init_cache(memory, src_mask)
     max_lens = max_output_lengths(src_mask.sum(dim=-1).tolist(), config, model.config.max_positions)
     if config.strategy == "greedy":
-        return _greedy(model, cache, max_lens, config.length_penalty, bos_id, eos_id, src.device)
-    return _beam(
-        model,
-        cache,
-        max_lens,
-        config.beam_size,
-        config.nbest,
-        config.length_penalty,
-        bos_id,
-        eos_id,
-        src.device,
-    )
+        return _greedy(model, cache, max_lens, config.length_penalty, src.device)
+    k, nbest, alpha = config.beam_size, config.nbest, config.length_penalty
+    return _beam(model, cache, max_lens, k, nbest, alpha, src.device)
 
 
 def _next_logprobs(model: Transformer, tokens: Tensor, cache: KVCache) -> Tensor:
     """``tokens (N, 1)`` -> float32 log-probabilities of the next token ``(N, V)``."""
-    logits = model.decode(tokens, None, cache=cache)
+    logits = model.decode_step(tokens, cache)
     return logits[:, -1].float().log_softmax(dim=-1)
 
 
@@ -136,11 +127,10 @@ def _greedy(
     cache: KVCache,
     max_lens: list[int],
     alpha: float,
-    bos_id: int,
-    eos_id: int,
     device: torch.device,
 ) -> list[list[Hypothesis]]:
     B = len(max_lens)
+    bos_id, eos_id = model.config.bos_id, model.config.eos_id
     limit = torch.tensor(max_lens, device=device)
     token = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     score = torch.zeros(B, device=device)
@@ -173,11 +163,10 @@ def _beam(
     k: int,
     nbest: int,
     alpha: float,
-    bos_id: int,
-    eos_id: int,
     device: torch.device,
 ) -> list[list[Hypothesis]]:
     B = len(max_lens)
+    bos_id, eos_id = model.config.bos_id, model.config.eos_id
     cache.reorder(torch.arange(B, device=device).repeat_interleave(k))
     tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)  # BOS + prefix
     scores = torch.zeros(B, k, device=device)

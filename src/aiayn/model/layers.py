@@ -59,13 +59,11 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.norm_first = config.norm_first
 
-    def forward(
-        self, x: Tensor, mask: Tensor | None = None, weights: list[Tensor] | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """``x (B, S, D)``, ``mask (B|1, 1, 1|S, S)`` -> ``(B, S, D)``."""
 
         def self_attn(y: Tensor) -> Tensor:
-            return self.self_attn(y, mask, weights=weights)
+            return self.self_attn(y, mask=mask)
 
         x = residual(x, self_attn, self.norm1, self.dropout, self.norm_first)
         return residual(x, self.ff, self.norm2, self.dropout, self.norm_first)
@@ -89,24 +87,23 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor | None,
+        *,
+        memory: Tensor | None = None,
         self_mask: Tensor | None = None,
-        is_causal: bool = False,
+        causal: bool = False,
         memory_mask: Tensor | None = None,
         cache: LayerCache | None = None,
-        self_weights: list[Tensor] | None = None,
-        cross_weights: list[Tensor] | None = None,
     ) -> Tensor:
         """``x (B, T, D)``, ``memory (B, S, D)`` (unused with a cache) -> ``(B, T, D)``.
 
-        ``self_mask (B|1, 1, T, T_total)`` or ``is_causal``; ``memory_mask (B|1, 1, 1, S)``.
+        ``self_mask (B|1, 1, T, T_total)`` or ``causal``; ``memory_mask (B|1, 1, 1, S)``.
         """
 
         def self_attn(y: Tensor) -> Tensor:
-            return self.self_attn(y, self_mask, is_causal, cache, self_weights)
+            return self.self_attn(y, mask=self_mask, causal=causal, cache=cache)
 
         def cross_attn(y: Tensor) -> Tensor:
-            return self.cross_attn(y, memory, memory_mask, cache, cross_weights)
+            return self.cross_attn(y, memory=memory, mask=memory_mask, cache=cache)
 
         x = residual(x, self_attn, self.norm1, self.dropout, self.norm_first)
         x = residual(x, cross_attn, self.norm2, self.dropout, self.norm_first)

@@ -2,15 +2,20 @@
 
 Shapes: ``src (B, S)``, ``tgt_in (B, T)`` token ids; ``memory (B, S, D)``; ``logits (B, T, V)``.
 ``src_mask``/``tgt_mask`` are key-padding masks ``(B, S)``/``(B, T)``, bool, True = real token
-(``aiayn.model.masks``); when None they are derived from ``config.pad_id`` (except in
-``decode``, which cannot see the source tokens: there None means "no source padding").
+(``aiayn.model.masks``). Where the tokens are at hand (``encode``, ``forward``, the target of
+``decode``) a None mask is derived from ``config.pad_id``. ``decode`` and ``init_cache`` only
+see the ``memory``: they require ``src_mask``, where an explicit None means no source padding.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention
+from aiayn.model.attention import (
+    MultiHeadCrossAttention,
+    MultiHeadSelfAttention,
+    capture_attention,
+)
 from aiayn.model.cache import KVCache, LayerCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.embedding import (
@@ -31,11 +36,10 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_encoder_layers))
         self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
 
-    def forward(
-        self, x: Tensor, mask: Tensor | None = None, weights: list[Tensor] | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """``x (B, S, D)``, ``mask (B|1, 1, 1|S, S)`` -> ``(B, S, D)``."""
         for layer in self.layers:
-            x = layer(x, mask, weights)
+            x = layer(x, mask=mask)
         return self.norm(x)
 
 
@@ -50,25 +54,23 @@ class Decoder(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor | None,
+        *,
+        memory: Tensor | None = None,
         self_mask: Tensor | None = None,
-        is_causal: bool = False,
+        causal: bool = False,
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
-        self_weights: list[Tensor] | None = None,
-        cross_weights: list[Tensor] | None = None,
     ) -> Tensor:
+        """``x (B, T, D)`` -> ``(B, T, D)``; arguments as in ``DecoderLayer.forward``, with
+        ``cache`` the whole decoder's (each layer gets its own ``LayerCache``)."""
         for i, layer in enumerate(self.layers):
-            layer_cache = cache.layers[i] if cache is not None else None
             x = layer(
                 x,
-                memory,
-                self_mask,
-                is_causal,
-                memory_mask,
-                layer_cache,
-                self_weights,
-                cross_weights,
+                memory=memory,
+                self_mask=self_mask,
+                causal=causal,
+                memory_mask=memory_mask,
+                cache=cache.layers[i] if cache is not None else None,
             )
         return self.norm(x)
 
@@ -129,8 +131,8 @@ class Transformer(nn.Module):
     # -- masks -----------------------------------------------------------------------------
 
     def _key_mask(self, tokens: Tensor | None, mask: Tensor | None) -> Tensor | None:
-        """Key-padding mask ``(B, L)`` given or derived from ``pad_id``; None if nothing is padded
-        (lets attention take the fastest kernels)."""
+        """Key-padding mask ``(B, L)`` given, or derived from ``pad_id`` when ``tokens`` are
+        given; None if nothing is padded (lets attention take the fastest kernels)."""
         if mask is None:
             if tokens is None:
                 return None
@@ -139,76 +141,44 @@ class Transformer(nn.Module):
 
     # -- encoder / decoder ------------------------------------------------------------------
 
-    def _encode(
-        self, src: Tensor, key_mask: Tensor | None, weights: list[Tensor] | None = None
-    ) -> Tensor:
-        return self.encoder(self.src_embed(src), attention_mask(key_mask), weights)
+    def _encode(self, src: Tensor, src_key: Tensor | None) -> Tensor:
+        return self.encoder(self.src_embed(src), mask=attention_mask(src_key))
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """``src (B, S)``, ``src_mask (B, S)`` (True = real) -> ``memory (B, S, D)``."""
         return self._encode(src, self._key_mask(src, src_mask))
 
     def _decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor | None,
-        src_key_mask: Tensor | None,
-        tgt_key_mask: Tensor | None,
-        cache: KVCache | None = None,
-        self_weights: list[Tensor] | None = None,
-        cross_weights: list[Tensor] | None = None,
+        self, tgt_in: Tensor, memory: Tensor, src_key: Tensor | None, tgt_key: Tensor | None
     ) -> Tensor:
-        T = tgt_in.size(1)
-        if cache is None:
-            offset, memory_mask = 0, attention_mask(src_key_mask)
-            if memory is None:
-                raise ValueError("decode needs memory when no cache is given")
-        else:
-            offset, memory_mask = cache.length, cache.memory_mask
-        self_mask, is_causal = None, False
-        if tgt_key_mask is not None:
-            causal = causal_mask(T, offset=offset, device=tgt_in.device)
-            self_mask = attention_mask(tgt_key_mask, causal)
-        elif offset == 0:
-            is_causal = T > 1
-        elif T > 1:
-            self_mask = causal_mask(T, offset=offset, device=tgt_in.device)[None, None]
-        x = self.tgt_embed(tgt_in, offset)
+        self_mask = None  # no target padding: SDPA's is_causal, the fastest kernels
+        if tgt_key is not None:
+            self_mask = attention_mask(tgt_key, causal_mask(tgt_in.size(1), device=tgt_in.device))
         x = self.decoder(
-            x, memory, self_mask, is_causal, memory_mask, cache, self_weights, cross_weights
+            self.tgt_embed(tgt_in),
+            memory=memory,
+            self_mask=self_mask,
+            causal=self_mask is None,
+            memory_mask=attention_mask(src_key),
         )
         return self.output(x)
 
     def decode(
         self,
         tgt_in: Tensor,
-        memory: Tensor | None,
-        src_mask: Tensor | None = None,
+        memory: Tensor,
+        src_mask: Tensor | None,
         tgt_mask: Tensor | None = None,
-        cache: KVCache | None = None,
     ) -> Tensor:
-        """``tgt_in (B, T)``, ``memory (B, S, D)`` -> ``logits (B, T, V)``.
+        """Teacher-forced decoder pass: ``tgt_in (B, T)``, ``memory (B, S, D)`` ->
+        ``logits (B, T, V)``.
 
-        ``src_mask (B, S)``: source key-padding mask (None = no source padding). ``tgt_mask
-        (B, T)``: target key-padding mask (None = derived from ``pad_id``).
-
-        With ``cache`` (from ``init_cache``): ``tgt_in`` holds only the new tokens, whose
-        positions continue from ``cache.length``; ``memory`` and ``src_mask`` are ignored (the
-        cache holds them) and the new tokens are taken as real (``tgt_mask`` must be None; no
-        padding is derived). The cache is updated in place; the logits of the last new token
-        are ``logits[:, -1]``.
+        ``src_mask (B, S)``: the source key-padding mask (True = real). Required, since the
+        source tokens are not at hand to derive it: pass None explicitly for a source without
+        padding. ``tgt_mask (B, T)``: target key-padding mask (None = derived from ``pad_id``).
         """
-        if cache is None:
-            return self._decode(
-                tgt_in, memory, self._key_mask(None, src_mask), self._key_mask(tgt_in, tgt_mask)
-            )
-        if tgt_mask is not None:
-            raise ValueError("decode with a cache takes no tgt_mask: new tokens must be real")
-        if tgt_in.size(0) != cache.batch_size:
-            raise ValueError(
-                f"tgt_in has batch size {tgt_in.size(0)} but the cache {cache.batch_size}"
-            )
-        return self._decode(tgt_in, None, None, None, cache)
+        src_key = self._key_mask(None, src_mask)
+        return self._decode(tgt_in, memory, src_key, self._key_mask(tgt_in, tgt_mask))
 
     def forward(
         self,
@@ -225,13 +195,37 @@ class Transformer(nn.Module):
 
     # -- incremental decoding ---------------------------------------------------------------
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor | None = None) -> KVCache:
+    def init_cache(self, memory: Tensor, src_mask: Tensor | None) -> KVCache:
         """A fresh ``KVCache`` for ``memory (B, S, D)`` with source key-padding ``src_mask
-        (B, S)`` (None = no padding): cross-attention keys/values computed here, once."""
+        (B, S)`` (required, as in ``decode``; None = no source padding): the cross-attention
+        keys/values are computed here, once."""
         layers = [
             LayerCache(*layer.cross_attn.project_memory(memory)) for layer in self.decoder.layers
         ]
         return KVCache(layers, attention_mask(self._key_mask(None, src_mask)))
+
+    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Incremental decoder pass: ``tokens (B, T_new)`` -> ``logits (B, T_new, V)``.
+
+        ``tokens`` are the next positions, continuing from ``cache.length``, and are taken as
+        real (no padding is derived); the source comes from the cache (``init_cache``), which
+        is updated in place. The next-token logits are ``logits[:, -1]``.
+        """
+        if tokens.size(0) != cache.batch_size:
+            raise ValueError(
+                f"tokens have batch size {tokens.size(0)} but the cache {cache.batch_size}"
+            )
+        T, offset = tokens.size(1), cache.length
+        self_mask = None  # a single new token sees every cached position
+        if T > 1:
+            self_mask = causal_mask(T, offset=offset, device=tokens.device)[None, None]
+        x = self.decoder(
+            self.tgt_embed(tokens, offset),
+            self_mask=self_mask,
+            memory_mask=cache.memory_mask,
+            cache=cache,
+        )
+        return self.output(x)
 
     # -- visualisation ----------------------------------------------------------------------
 
@@ -242,33 +236,13 @@ class Transformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
     ) -> dict[str, list[Tensor]]:
-        """Per-layer attention probabilities (explicit attention path; same outputs as forward).
+        """Per-layer attention probabilities of ``forward`` (see ``capture_attention``).
 
         Returns ``{'encoder_self': [(B, H, S, S)] * N_enc, 'decoder_self': [(B, H, T, T)] *
         N_dec, 'decoder_cross': [(B, H, T, S)] * N_dec}``; each row sums to 1 over the visible
         keys and is 0 on masked keys (rows of padding queries with no visible key are uniform).
         Call under ``torch.no_grad()`` when only looking.
         """
-        maps: dict[str, list[Tensor]] = {
-            "encoder_self": [],
-            "decoder_self": [],
-            "decoder_cross": [],
-        }
-        self._forward_with_maps(src, tgt_in, src_mask, tgt_mask, maps)
+        with capture_attention(self) as maps:
+            self(src, tgt_in, src_mask, tgt_mask)
         return maps
-
-    def _forward_with_maps(
-        self,
-        src: Tensor,
-        tgt_in: Tensor,
-        src_mask: Tensor | None,
-        tgt_mask: Tensor | None,
-        maps: dict[str, list[Tensor]],
-    ) -> Tensor:
-        """``forward`` through the explicit attention path, filling ``maps``; returns logits."""
-        src_key = self._key_mask(src, src_mask)
-        memory = self._encode(src, src_key, maps["encoder_self"])
-        tgt_key = self._key_mask(tgt_in, tgt_mask)
-        return self._decode(
-            tgt_in, memory, src_key, tgt_key, None, maps["decoder_self"], maps["decoder_cross"]
-        )

@@ -1,4 +1,5 @@
-"""Compose the real config tree the way `python train.py` does, for tests."""
+"""Test helpers shared by every layer: compose the real config tree as the entry points do,
+run a command-line tool as a user would, and read what a run wrote (CSV, W&B)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,25 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, open_dict
 
-from aiayn.config import CONF_DIR
+from aiayn.config import CONF_DIR, register
+from aiayn.errors import ConfigError
 
 REPO = CONF_DIR.parent
+# a bad key fails while composing (the schemas are in the defaults lists), a bad value when the
+# dataclasses are built (to_schema); either way the message names the key
+CONFIG_ERRORS = (ConfigError, ConfigCompositionException)
 
 
-def compose_train(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
-    """conf/train.yaml + overrides, with Hydra's runtime set so ${hydra:...} resolves."""
+def compose_config(name: str, overrides: list[str], output_dir: Path | None = None) -> DictConfig:
+    """conf/<name>.yaml + overrides as the entry point composes it (schemas registered,
+    Hydra's runtime set so ${hydra:...} resolves), with its output in output_dir."""
+    register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        cfg = compose(name, overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         if output_dir is not None:
@@ -26,6 +34,11 @@ def compose_train(overrides: list[str], output_dir: Path | None = None) -> DictC
             cfg.paths.log_dir = str(output_dir / "logs")
         del cfg.hydra
     return cfg
+
+
+def compose_train(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
+    """conf/train.yaml + overrides (see compose_config)."""
+    return compose_config("train", overrides, output_dir)
 
 
 def fast_overrides(tmp_path: Path) -> list[str]:
@@ -67,6 +80,17 @@ def cli_overrides(tmp_path: Path) -> list[str]:
 
 def run_dirs(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "logs" / "train" / "runs").iterdir())
+
+
+def csv_metrics(run_dir: Path) -> dict[str, list[float]]:
+    """metric name -> its logged values in order (empty cells skipped), from a run's
+    csv/metrics.csv."""
+    import csv
+
+    with open(run_dir / "csv" / "metrics.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    columns = rows[0].keys() if rows else []
+    return {name: [float(r[name]) for r in rows if r[name]] for name in columns}
 
 
 def read_wandb_records(path: Path) -> list:

@@ -2,7 +2,7 @@
 sacreBLEU BLEU + chrF with their signatures in `bleu.json`.
 
 `python evaluate.py ckpt_path=... [data=multi30k split=test decode=beam]` (conf/eval.yaml)
-calls `run`. Sources are read as text (`aiayn.data.corpus.read_split`) and tokenized with the
+calls `run`. Sources are read as text (the corpus's `Source.read`) and tokenized with the
 checkpoint's tokenizer (not the data cache's), so any checkpoint scores on any corpus without
 preparing a cache. `data` unset means: the data config of the run that wrote the checkpoint
 (`<run>/.hydra/config.yaml`, beside `checkpoints/`).
@@ -17,41 +17,21 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from aiayn.config import ConfigError, PathsConfig, to_schema
-from aiayn.data.config import ROLES, DataConfig
-from aiayn.data.corpus import read_split
-from aiayn.translation import Translator, check_common, decode_config, load_checkpoint
+from aiayn.config import EvalConfig, to_schema
+from aiayn.data import read_split
+from aiayn.data.config import DataConfig
+from aiayn.errors import ConfigError
+from aiayn.inference.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalConfig:
-    """Everything `python evaluate.py` reads (conf/eval.yaml)."""
-
-    ckpt_path: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
-    data: Optional[DataConfig] = None  # noqa: UP045 (None: the checkpoint's run's data)
-    decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
-    split: str = "test"
-    tok_bleu: bool = False
-    batch_size: int = 64
-    on_long: str = "truncate"
-    device: str = "auto"
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    task_name: str = "eval"
-
-    def __post_init__(self) -> None:
-        check_common(self.ckpt_path, self.batch_size, self.on_long)
-        if self.split not in ROLES:
-            raise ConfigError(f"split must be one of {ROLES}, got {self.split!r}")
 
 
 def run_data_config(ckpt_path: str | Path) -> DataConfig:
@@ -103,14 +83,13 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     config = to_schema(cfg, EvalConfig)
     assert config.ckpt_path is not None  # checked by EvalConfig
     data = config.data or run_data_config(config.ckpt_path)
-    module = load_checkpoint(config.ckpt_path, config.device)
-    decode = decode_config(module.decode_config, config.decode)
+    translator = load_checkpoint(config.ckpt_path, config.device)
+    translator = translator.with_settings(config.decode, config.on_long)
     sources, references = read_split(data, config.split)
-    lowercased = module.tokenizers.lowercases("tgt")
+    lowercased = translator.tokenizers.lowercases("tgt")
     if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
         references = [r.lower() for r in references]
     source = f"{data.source}:{config.split} source"
-    translator = Translator(module, decode, config.on_long)
     hypotheses = translator.translate_all(sources, config.batch_size, source)
 
     output_dir = Path(config.paths.output_dir)
@@ -124,7 +103,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         "num_sentences": len(hypotheses),
         "checkpoint": str(Path(config.ckpt_path).resolve()),
         "hypotheses": str(hyp_path),
-        "decode": asdict(decode),
+        "decode": asdict(translator.decode),
     }
     (output_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     for name in ("bleu", "chrf", "bleu_tok"):

@@ -14,18 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.callbacks import AtomicCheckpointIO, LastCheckpoint
-from aiayn.config import ConfigError, TrainConfig, plain, to_schema
+from aiayn.callbacks import LastCheckpoint, RNGState, Throughput
+from aiayn.config import TrainConfig, plain, to_schema
 from aiayn.data.datamodule import TranslationDataModule
-from aiayn.lit_module import TranslationModule
+from aiayn.errors import ConfigError
+from aiayn.inference.checkpoint import read_checkpoint
 from aiayn.model.summary import format_parameter_summary, parameter_summary
+from aiayn.training.checkpoint_io import AtomicCheckpointIO
+from aiayn.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,10 @@ def validate(cfg: DictConfig) -> TrainConfig:
 
 def build_trainer(config: TrainConfig) -> L.Trainer:
     """Trainer, callbacks and loggers from their configs (bad arguments fail here, before any
-    data is read)."""
+    data is read), plus what every run has: RNG state in checkpoints, throughput, atomic
+    checkpoint writes."""
     callbacks = [_instantiate(f"callbacks.{k}", c) for k, c in config.callbacks.items() if c]
+    callbacks += [RNGState(), Throughput()]
     if not config.trainer.get("enable_progress_bar", True):  # so the flag alone turns it off
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     loggers = [_instantiate(f"logger.{k}", c) for k, c in config.logger.items() if c]
@@ -93,8 +97,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if config.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
-            if module.train_seconds > 0:  # mean over the run (this rank's rate x ranks)
-                rate = module.train_tokens / module.train_seconds * trainer.world_size
+            throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
+            rate = throughput.mean_rate(trainer.world_size)
+            if rate is not None:
                 metrics["train_tokens_per_sec"] = rate
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _best_checkpoint(trainer) if config.train else config.ckpt_path
@@ -120,7 +125,7 @@ def _instantiate(key: str, node: Any, **kwargs: Any) -> Any:
 
 
 def _check_resume(config: TrainConfig) -> None:
-    saved = torch.load(config.ckpt_path, map_location="cpu", weights_only=False, mmap=True)
+    saved = read_checkpoint(config.ckpt_path)
     hparams = saved.get("hyper_parameters", {})
     current = {"model": plain(config.model), "optim": plain(config.optim)}
     for group, values in current.items():

@@ -1,0 +1,57 @@
+"""`LastCheckpoint`: `<dirpath>/last.ckpt`, the file a run resumes from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """`<dirpath>/last.ckpt`: after every validation, every `every_n_train_steps` updates
+    (when > 0) and at the end of training, whatever the metrics did.
+
+    (Lightning's `save_last` only writes when a top-k checkpoint was written in the same
+    step.) Being a ModelCheckpoint, it runs after the other callbacks, so the state it saves
+    (best score, early stopping) is final for the step; list it after `model_checkpoint`.
+    """
+
+    def __init__(self, dirpath: str, every_n_train_steps: int = 0) -> None:
+        super().__init__(dirpath=dirpath, filename="last", monitor=None, save_top_k=0)
+        self.every = every_n_train_steps
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(kind="last", every=self.every)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dirpath) / "last.ckpt"
+
+    def _save(self, trainer: L.Trainer) -> None:
+        self._save_checkpoint(trainer, str(self.path))
+        for logger in trainer.loggers:  # the logged history reaches disk with the checkpoint
+            logger.save()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step  # unchanged on the micro-batches of an accumulation window
+        if (
+            self.every > 0
+            and step > 0
+            and step % self.every == 0
+            and step != self._last_global_step_saved
+        ):
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass  # only validations, step intervals and the end of training write last.ckpt
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_global_step_saved != trainer.global_step:
+            self._save(trainer)

@@ -1,0 +1,41 @@
+"""`Throughput`: `train/tokens_per_sec`, real (non-padding) source + target tokens per second
+of training time, summed over ranks. Validation time does not count."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class Throughput(L.Callback):
+    """Logs `train/tokens_per_sec` every step and keeps this process's totals (`tokens`,
+    `seconds`) for the run's mean rate. Added to every run by `aiayn.training.run`."""
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds = 0, 0.0
+        self._last: float | None = None
+
+    def mean_rate(self, world_size: int) -> float | None:
+        """Mean tokens per second of the run, all ranks (this rank's rate x ranks)."""
+        return self.tokens / self.seconds * world_size if self.seconds > 0 else None
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._last is None:
+            self._last = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        now = time.perf_counter()
+        elapsed = max(now - (self._last or now), 1e-9)
+        self._last = now
+        tokens = batch.num_src_tokens + batch.num_tgt_tokens
+        self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
+        rate = torch.tensor(tokens / elapsed)
+        pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = None  # validation time is not training throughput

@@ -1,0 +1,46 @@
+"""The 'files' source: your own corpus on local files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiayn.data.config import ROLES
+from aiayn.data.sources.base import FileSource
+from aiayn.data.sources.text import read_aligned, read_jsonl, read_tsv
+from aiayn.errors import DataError
+
+
+class FilesSource(FileSource):
+    """Your own files: `files` maps each role to [src, tgt] line-aligned text files, or to
+    [one .tsv with a header row / one .jsonl] with fields `src_field`/`tgt_field` (default:
+    the languages), optionally under `parent_field`. Relative paths are resolved against
+    `root` when it is set."""
+
+    def validate(self) -> None:
+        files = self.cfg.files
+        if sorted(files) != sorted(ROLES):
+            raise ValueError(
+                f"DataConfig.files must map each of {ROLES} to [src, tgt] text files or "
+                f"[one .tsv/.jsonl file], got keys {sorted(files)}"
+            )
+        for role, paths in files.items():
+            if len(paths) not in (1, 2):
+                raise ValueError(
+                    f"DataConfig.files.{role} must list 2 text files or 1 .tsv/.jsonl "
+                    f"file, got {list(paths)}"
+                )
+
+    def files(self) -> dict[str, list[Path]]:
+        root = Path(self.cfg.root) if self.cfg.root else Path()
+        return {role: [root / path for path in self.cfg.files[role]] for role in ROLES}
+
+    def read(self, role: str) -> tuple[list[str], list[str]]:
+        paths = self.files()[role]
+        if len(paths) == 2:
+            return read_aligned(paths[0], paths[1], role)
+        path = paths[0]
+        if path.suffix == ".tsv":
+            return read_tsv(path, self.cfg.fields)
+        if path.suffix == ".jsonl":
+            return read_jsonl(path, self.cfg.fields, self.cfg.parent_field)
+        raise DataError(f"{path}: a single file per split must end in .tsv or .jsonl")

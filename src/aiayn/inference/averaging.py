@@ -1,0 +1,84 @@
+"""Checkpoint averaging on files (the paper averages the last 5 (base) or 20 (big)
+checkpoints); the command is `python -m aiayn.averaging` (aiayn.cli.average), the callback
+`aiayn.callbacks.AverageCheckpoints`.
+
+The averaged checkpoint is the newest input's (hyper-parameters, tokenizer) with the mean
+weights (floating tensors; others are taken from the newest) and without optimizer state: it
+loads, evaluates and translates like any other, but does not resume training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from aiayn.errors import AveragingError
+from aiayn.inference.checkpoint import read_checkpoint
+
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
+
+
+def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Elementwise mean of the floating-point tensors (summed in float64, cast back to each
+    tensor's dtype); non-floating tensors are taken from the last state. Keys and shapes must
+    agree."""
+    if not states:
+        raise AveragingError("nothing to average: no checkpoints given")
+    last = states[-1]
+    for i, state in enumerate(states):
+        if state.keys() != last.keys():
+            diff = sorted(set(state) ^ set(last))
+            raise AveragingError(f"state {i} differs in keys from the last one: {diff[:5]}")
+        for key, value in state.items():
+            if value.shape != last[key].shape:
+                raise AveragingError(
+                    f"{key}: shape {tuple(value.shape)} in state {i} but "
+                    f"{tuple(last[key].shape)} in the last one"
+                )
+    out = {}
+    for key, value in last.items():
+        if value.is_floating_point():
+            total = sum(state[key].double() for state in states)
+            out[key] = (total / len(states)).to(value.dtype)
+        else:
+            out[key] = value.clone()
+    return out
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """The checkpoint with the mean weights of `paths` (all must have the same model
+    hyper-parameters); hyper-parameters, tokenizer and metadata come from the last path."""
+    checkpoints = [read_checkpoint(p) for p in paths]
+    if not checkpoints:
+        raise AveragingError("nothing to average: no checkpoints given")
+    newest = checkpoints[-1]
+    model = newest.get("hyper_parameters", {}).get("model")
+    for path, checkpoint in zip(paths, checkpoints, strict=True):
+        if checkpoint.get("hyper_parameters", {}).get("model") != model:
+            raise AveragingError(
+                f"{path} has other model hyper-parameters than {paths[-1]}; average "
+                "checkpoints of one run"
+            )
+    out = {k: v for k, v in newest.items() if k not in TRAINING_STATE}
+    out["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])
+    out["averaged_from"] = [str(p) for p in paths]
+    return out
+
+
+def last_checkpoints(directory: str | Path, n: int) -> list[Path]:
+    """The `n` checkpoints of `directory` with the highest global steps, oldest first."""
+    by_step: dict[int, Path] = {}
+    for path in sorted(Path(directory).glob("*.ckpt"), key=lambda p: p.stat().st_mtime):
+        checkpoint = read_checkpoint(path)
+        if "averaged_from" not in checkpoint:
+            by_step[int(checkpoint.get("global_step", -1))] = path
+    if len(by_step) < n:
+        raise AveragingError(
+            f"{directory} has {len(by_step)} checkpoints of distinct steps, fewer than {n}: "
+            "save one per validation with callbacks.model_checkpoint.save_top_k=-1 "
+            "\"callbacks.model_checkpoint.filename='step{step}'\""
+        )
+    return [by_step[step] for step in sorted(by_step)[-n:]]

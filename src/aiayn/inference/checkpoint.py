@@ -1,0 +1,128 @@
+"""Checkpoint files without Lightning: read (safely), write (atomically), and load a
+`Translator` from one.
+
+A checkpoint written by `python train.py` holds `state_dict` (the LightningModule's: the
+Transformer's weights under `model.`), `hyper_parameters` (`model`, `optim`, `decode`, ...),
+`tokenizers` (the tokenizer JSON, so a checkpoint alone translates), `rng_states` and the
+trainer's state. Reading uses `torch.load(weights_only=True)`: a file cannot run code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import CheckpointError, DataError
+from aiayn.inference.translator import Translator
+from aiayn.model import DecodeConfig, ModelConfig, Transformer
+
+MODEL_PREFIX = "model."  # the Transformer's weights inside the LightningModule's state_dict
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint dict of `path` on the CPU (memory-mapped); CheckpointError for a missing
+    file or one that is not a checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} not found: give ckpt_path=<run dir>/checkpoints/best.ckpt"
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises many types for foreign or broken files
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise CheckpointError(
+            f"cannot read checkpoint {path} ({type(error).__name__}: {first}); is it a "
+            "checkpoint written by `python train.py` (or aiayn.averaging)?"
+        ) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is not an aiayn checkpoint (no state_dict)")
+    return checkpoint
+
+
+def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """`torch.save(checkpoint, path)` through `.<name>.tmp` beside it, fsync, then a rename:
+    a process killed mid-write leaves the previous file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(
+    ckpt_path: str | Path, device: str = "auto", tokenizer: str | None = None
+) -> Translator:
+    """A `Translator` for the checkpoint: its Transformer in eval mode on `device`, its
+    tokenizer, and its decode settings.
+
+    `tokenizer` (a tokenizer.json or a directory written by `Tokenizers.save`) stands in for a
+    checkpoint that carries none; one that differs from the checkpoint's own is refused.
+    """
+    path = Path(ckpt_path)
+    checkpoint = read_checkpoint(path)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    if "model" not in hparams:
+        raise CheckpointError(f"{path} has no model hyper-parameters: not an aiayn checkpoint")
+    config = ModelConfig(**hparams["model"])
+    model = Transformer(config)
+    weights = {
+        key.removeprefix(MODEL_PREFIX): value
+        for key, value in checkpoint["state_dict"].items()
+        if key.startswith(MODEL_PREFIX)
+    }
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        raise CheckpointError(f"{path}: weights do not fit its model config ({error})") from None
+    tokenizers = _tokenizers(path, checkpoint.get("tokenizers"), tokenizer)
+    _check_vocab(tokenizers, config, tokenizer or str(path))
+    decode = DecodeConfig(**hparams.get("decode", {}))
+    return Translator(model.to(resolve_device(device)).eval(), tokenizers, decode)
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda if available, else cpu; anything else as torch spells it."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _tokenizers(path: Path, state: dict[str, str] | None, given: str | None) -> Tokenizers:
+    own = Tokenizers.from_state(state) if state else None
+    if given is None:
+        if own is None:
+            raise CheckpointError(
+                f"checkpoint {path} carries no tokenizer: pass tokenizer=<run dir>/tokenizer.json"
+            )
+        return own
+    try:
+        tokenizers = Tokenizers.load(given)
+    except DataError as error:
+        raise CheckpointError(str(error)) from None
+    if own is not None and tokenizers.state() != own.state():
+        raise CheckpointError(
+            f"tokenizer {given} differs from the one checkpoint {path} was trained with "
+            "(which it carries): drop tokenizer=... to use that one"
+        )
+    return tokenizers
+
+
+def _check_vocab(tokenizers: Tokenizers, config: ModelConfig, origin: str) -> None:
+    for side, have, want in (
+        ("src", tokenizers.src_vocab_size, config.src_vocab_size),
+        ("tgt", tokenizers.tgt_vocab_size, config.tgt_vocab_size),
+    ):
+        if have != want:
+            raise CheckpointError(
+                f"tokenizer from {origin} has a {side} vocabulary of {have} tokens but the "
+                f"model expects {want}: use the tokenizer.json of the run that wrote the "
+                "checkpoint"
+            )

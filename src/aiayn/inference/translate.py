@@ -1,0 +1,100 @@
+"""`python translate.py ckpt_path=... input=<file|-> output=<file|->` (conf/translate.yaml).
+
+Output is written and flushed batch by batch, so an error never loses what was already
+translated; input is read as bytes and decoded line by line, so invalid UTF-8 is named by its
+line. Decode settings: the checkpoint's `decode` hyper-parameters, with the `decode` keys of
+the config on top (`decode=beam`, `+decode.beam_size=8`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from omegaconf import DictConfig
+
+from aiayn.config import TranslateConfig, to_schema
+from aiayn.errors import TranslationError
+from aiayn.inference.checkpoint import load_checkpoint
+from aiayn.inference.translator import LongLineError, Translator
+
+log = logging.getLogger(__name__)
+
+
+def translate_stream(
+    translator: Translator,
+    lines: Iterable[str | bytes],
+    out: TextIO,
+    batch_size: int,
+    source: str,
+) -> int:
+    """Translate `lines` batch by batch, writing and flushing each batch's translations to
+    `out` (one per line, newline-terminated); returns the number of lines."""
+    batch: list[str] = []
+    count = 0
+    for count, line in enumerate(lines, start=1):
+        if isinstance(line, bytes):  # decoded line by line, so an error can name its line
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                if batch:  # what came before the bad line is translated and kept
+                    _write(out, translator, batch, count - len(batch), source)
+                raise TranslationError(
+                    f"{source}:{count}: not valid UTF-8 ({error.reason} at byte "
+                    f"{error.start}); the {count - 1} lines before it were translated"
+                ) from None
+        batch.append(line.rstrip("\r\n"))
+        if len(batch) == batch_size:
+            _write(out, translator, batch, count - len(batch) + 1, source)
+            batch = []
+    if batch:
+        _write(out, translator, batch, count - len(batch) + 1, source)
+    return count
+
+
+def _write(out: TextIO, translator: Translator, batch: list[str], first: int, source: str) -> None:
+    try:
+        texts = translator.translate(batch, first, source)
+    except LongLineError as error:
+        out.writelines(f"{text}\n" for text in error.done)
+        out.flush()
+        raise
+    out.writelines(f"{text}\n" for text in texts)
+    out.flush()
+
+
+@contextmanager
+def _open(path: str, mode: str) -> Iterator[Any]:
+    """Input as binary lines (decoded, and checked, line by line), output as text."""
+    if path == "-":
+        yield sys.stdin.buffer if mode == "r" else sys.stdout
+        return
+    if mode == "r" and not Path(path).is_file():
+        raise TranslationError(f"input file {path} not found")
+    if mode == "r":
+        with open(path, "rb") as file:
+            yield file
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as file:
+        yield file
+
+
+def run(cfg: DictConfig | dict) -> int:
+    """What `python translate.py` does; returns the number of lines translated."""
+    config = to_schema(cfg, TranslateConfig)
+    same = "-" not in (config.input, config.output)
+    if same and Path(config.input).resolve() == Path(config.output).resolve():
+        raise TranslationError(f"input and output are the same file ({config.input})")
+    loaded = load_checkpoint(config.ckpt_path, config.device, config.tokenizer)  # type: ignore[arg-type]
+    translator = loaded.with_settings(config.decode, config.on_long)
+    source = "<stdin>" if config.input == "-" else config.input
+    with _open(config.input, "r") as src, _open(config.output, "w") as out:
+        batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
+        count = translate_stream(translator, src, out, batch_size, source)
+    log.info("translated %d lines from %s (decode: %s)", count, source, translator.decode)
+    return count

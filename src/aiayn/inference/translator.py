@@ -1,0 +1,137 @@
+"""`Translator`: raw text lines in, translated lines out, with one Transformer and its
+tokenizers. Training's validation decodes through it too, so there is one decode path.
+
+Sources are laid out exactly as in training (`x + <eos>`, see
+`aiayn.data.dataset.collate_sources`). An empty (or blank) line translates to an empty line
+without touching the model, so output line i always belongs to input line i. A line longer
+than the model's positions (`max_positions - 1` tokens, room for `<eos>`) is truncated with a
+warning naming its file and line (`on_long='truncate'`) or raises `LongLineError`
+(`on_long='fail'`) carrying the translations of the lines before it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.data.dataset import collate_sources
+from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import ConfigError, TranslationError
+from aiayn.model import DecodeConfig, Hypothesis, Transformer, generate
+
+log = logging.getLogger(__name__)
+
+ON_LONG = ("truncate", "fail")
+
+
+class LongLineError(TranslationError):
+    """A line over the length limit with `on_long='fail'`; `done` holds the translations of
+    the lines before it (for the caller to write before stopping)."""
+
+    def __init__(self, message: str, done: list[str]) -> None:
+        super().__init__(message)
+        self.done = done
+
+
+def decode_config(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig:
+    """`base` (e.g. a checkpoint's settings) with `overrides` on top; ConfigError names the key."""
+    try:
+        return DecodeConfig(**{**asdict(base), **overrides})
+    except TypeError as error:  # an unknown key
+        raise ConfigError(f"decode: {error}; keys: {', '.join(asdict(base))}") from None
+    except ValueError as error:
+        raise ConfigError(str(error).replace("DecodeConfig.", "decode.")) from None
+
+
+class Translator:
+    """Translate with `model` (put it in eval mode first) and `tokenizers`, decoding as `decode`
+    says. `max_src_tokens = max_positions - 1` (the source gets `<eos>` appended)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizers: Tokenizers,
+        decode: DecodeConfig,
+        on_long: str = "truncate",
+    ) -> None:
+        if on_long not in ON_LONG:
+            raise ConfigError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
+        self.model, self.tokenizers, self.decode, self.on_long = model, tokenizers, decode, on_long
+        self.max_src_tokens = model.config.max_positions - 1
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def with_settings(
+        self, decode: dict[str, Any] | None = None, on_long: str | None = None
+    ) -> Translator:
+        """A Translator on the same model with `decode` keys on top of this one's settings."""
+        settings = decode_config(self.decode, decode or {})
+        return Translator(self.model, self.tokenizers, settings, on_long or self.on_long)
+
+    def generate(self, src: Tensor, decode: DecodeConfig | None = None) -> list[list[Hypothesis]]:
+        """`src (B, S)` token ids (x + EOS, as `Batch.src`) -> n-best hypotheses per row."""
+        return generate(self.model, src.to(self.device), decode or self.decode)
+
+    def translate_batch(self, src: Tensor, decode: DecodeConfig | None = None) -> list[str]:
+        """The best detokenized translation of each row of `src (B, S)`."""
+        hyps = self.generate(src, decode)
+        return self.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
+
+    def translate(
+        self, lines: list[str], first_line: int = 1, source: str = "<input>"
+    ) -> list[str]:
+        """One translation per line, in order ('' for a blank line), in one batch;
+        `first_line` and `source` only name lines in messages."""
+        ids = self.tokenizers.encode(lines, side="src")
+        for i, row in enumerate(ids):
+            try:
+                ids[i] = self._fit(row, f"{source}:{first_line + i}")
+            except TranslationError as error:
+                done = self._decode(lines[:i], ids[:i])  # rows before i are already fitted
+                raise LongLineError(str(error), done) from None
+        return self._decode(lines, ids)
+
+    def translate_all(
+        self, lines: list[str], batch_size: int, source: str = "<input>"
+    ) -> list[str]:
+        """Translate a whole corpus in length-sorted batches (less padding), in input order.
+        Over-long lines are handled (or fail) before any decoding."""
+        ids = self.tokenizers.encode(lines, side="src")
+        ids = [self._fit(row, f"{source}:{i + 1}") for i, row in enumerate(ids)]
+        order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
+        out = [""] * len(lines)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            texts = self._decode([lines[i] for i in chunk], [ids[i] for i in chunk])
+            for i, text in zip(chunk, texts, strict=True):
+                out[i] = text
+        return out
+
+    def _fit(self, row: list[int], where: str) -> list[int]:
+        """`row`, truncated with a warning if too long (TranslationError if on_long='fail')."""
+        if len(row) <= self.max_src_tokens:
+            return row
+        message = (
+            f"{where}: {len(row)} tokens, more than the model's limit of {self.max_src_tokens} "
+            "(max_positions - 1)"
+        )
+        if self.on_long == "fail":
+            raise TranslationError(f"{message}; split the line or set on_long=truncate")
+        log.warning("%s; truncated", message)
+        return row[: self.max_src_tokens]
+
+    def _decode(self, lines: list[str], ids: list[list[int]]) -> list[str]:
+        """Decode the token rows `ids` of `lines` (one batch); '' for blank lines."""
+        out = [""] * len(lines)
+        keep = [i for i, line in enumerate(lines) if line.strip() and ids[i]]
+        if keep:
+            src, _ = collate_sources([ids[i] for i in keep])
+            for i, text in zip(keep, self.translate_batch(src), strict=True):
+                out[i] = text
+        return out

@@ -1,0 +1,160 @@
+"""`TranslationModule`: the LightningModule around `Transformer`.
+
+It owns the loss (label-smoothed cross-entropy over non-padding tokens), the optimizer and
+its per-update schedule, and the metrics (`train/*`, `val/*`, `test/*`); a checkpoint also
+carries the tokenizer (so a checkpoint alone translates) and a parameter summary. Decoding
+goes through `aiayn.inference.Translator` (as evaluate/translate do); RNG state, throughput,
+samples and attention images are callbacks (`aiayn.callbacks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.text import SacreBLEUScore
+
+from aiayn.data.dataset import Batch
+from aiayn.data.tokenizer import Tokenizers
+from aiayn.inference.translator import Translator
+from aiayn.model import DecodeConfig, ModelConfig, Transformer
+from aiayn.model.summary import parameter_summary
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.schedules import OptimConfig, lr_multiplier
+
+
+class TranslationModule(L.LightningModule):
+    """Train, validate and test a `Transformer` on `Batch`es of token ids.
+
+    Arguments are plain dicts (the resolved Hydra groups) so that
+    `TranslationModule.load_from_checkpoint(path)` needs nothing else. `tokenizers` must be
+    set (by `aiayn.training.run`, or from a checkpoint) before validation decodes.
+    `validation_step`/`test_step` return `{"hypotheses": [...]}` (the batch's translations,
+    when decoded) for callbacks.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any],
+        decode: dict[str, Any],
+        val_bleu: bool = True,
+        num_samples: int = 8,
+        compile: bool = False,
+    ) -> None:
+        # num_samples is read by the samples callback (conf/callbacks/samples.yaml); it stays an
+        # argument so that checkpoints, whose hyper-parameters hold it, keep loading
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_config = ModelConfig(**model)
+        self.optim_config = OptimConfig(**optim)
+        self.decode_config = DecodeConfig(**decode)
+        self.model = Transformer(self.model_config)
+        if compile:
+            self.model.compile()  # in place: parameter names and checkpoints stay the same
+        self.tokenizers: Tokenizers | None = None
+        self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
+        self.bleu = nn.ModuleDict({"val": SacreBLEUScore(), "test": SacreBLEUScore()})
+
+    @property
+    def translator(self) -> Translator:
+        """Decodes with this module's model, tokenizers and decode settings."""
+        if self.tokenizers is None:
+            raise RuntimeError(
+                "TranslationModule.tokenizers is not set; load a checkpoint or "
+                "attach the datamodule's tokenizers before decoding"
+            )
+        return Translator(self.model, self.tokenizers, self.decode_config)
+
+    # ------------------------------------------------------------------ forward and loss
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V); padding masks come from pad ids."""
+        return self.model(src, tgt_in)
+
+    def _losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        logits = self(batch.src, batch.tgt_in)
+        smoothing, pad = self.optim_config.label_smoothing, self.model_config.pad_id
+        return label_smoothed_loss(logits, batch.tgt_out, smoothing, pad)
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        loss, nll = self._losses(batch)
+        size = batch.src.size(0)
+        # averaged over ranks, so the DDP curve is the global batch's, not rank 0's share
+        self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
+        self.log("train/ppl", torch.exp(nll.detach()), batch_size=size, sync_dist=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optim_config
+        optimizer = torch.optim.Adam(
+            self.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.betas[0], cfg.betas[1]),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_multiplier(cfg, self.model_config.d_model)
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
+        }
+
+    # ------------------------------------------------------------------ evaluation
+    def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, list[str]]:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> dict[str, list[str]]:
+        return self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: Batch, split: str) -> dict[str, list[str]]:
+        _, nll = self._losses(batch)
+        self.nll[split].update(nll, weight=batch.tgt_out.ne(self.model_config.pad_id).sum())
+        if not self._scores_bleu(split):
+            return {}
+        hyps = self.translator.translate_batch(batch.src)
+        refs = self.trainer.datamodule.references(split)
+        refs = [refs[i] for i in batch.ids.tolist()]
+        if self.translator.tokenizers.lowercases("tgt"):  # the model cannot produce capitals
+            refs = [r.lower() for r in refs]
+        self.bleu[split].update(hyps, [[r] for r in refs])
+        return {"hypotheses": hyps}
+
+    def _scores_bleu(self, split: str) -> bool:
+        return split == "test" or self.hparams.val_bleu
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, split: str) -> None:
+        nll = self.nll[split].compute()
+        self.log(f"{split}/loss", nll, sync_dist=False)
+        self.log(f"{split}/ppl", torch.exp(nll), sync_dist=False)
+        self.nll[split].reset()
+        if self._scores_bleu(split):
+            # torchmetrics returns a fraction; BLEU is reported on sacreBLEU's 0-100 scale
+            self.log(f"{split}/bleu", 100.0 * self.bleu[split].compute(), sync_dist=False)
+            self.bleu[split].reset()
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.tokenizers is not None:
+            checkpoint["tokenizers"] = self.tokenizers.state()
+        checkpoint["parameter_summary"] = parameter_summary(self.model)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizers" in checkpoint:
+            self.tokenizers = Tokenizers.from_state(checkpoint["tokenizers"])

@@ -1,0 +1,155 @@
+"""Corpus sources: the registry, each source's checks, reading and fingerprints."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from aiayn.config import ConfigError, to_schema
+from aiayn.data import read_split
+from aiayn.data.config import DataConfig
+from aiayn.data.sources import SOURCES, FileSource, Source, get_source
+from aiayn.data.sources.files import FilesSource
+from aiayn.data.sources.hf import HFSource
+from aiayn.data.sources.multi30k import Multi30kSource
+from aiayn.data.sources.toy import TOY_VERSION, ToySource
+
+from .conftest import SIZES, write_parallel
+
+MakeCfg = Callable[..., DataConfig]
+CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
+
+
+def test_registry_maps_each_name_to_a_complete_source() -> None:
+    assert {
+        "toy": ToySource,
+        "multi30k": Multi30kSource,
+        "files": FilesSource,
+        "hf": HFSource,
+    } == SOURCES
+    for name, cls in SOURCES.items():
+        assert issubclass(cls, Source) and not inspect.isabstract(cls), name
+        for method in ("validate", "read", "fingerprint"):
+            assert callable(getattr(cls, method)), (name, method)
+        cfg = to_schema(OmegaConf.load(CONF_DATA / f"{name}.yaml"), DataConfig)
+        source = get_source(cfg)
+        assert type(source) is cls and source.cfg is cfg
+    assert [name for name, cls in SOURCES.items() if issubclass(cls, FileSource)] == [
+        "toy",
+        "multi30k",
+        "files",
+    ]
+
+
+def test_unknown_source_is_rejected_naming_the_registered_ones(files_cfg: MakeCfg) -> None:
+    expected = r"DataConfig\.source must be one of \('toy', 'multi30k', 'files', 'hf'\), got 'wmt'"
+    with pytest.raises(ValueError, match=expected):
+        files_cfg(source="wmt")
+    cfg = files_cfg()
+    cfg.source = "wmt"
+    with pytest.raises(ValueError, match=expected):
+        get_source(cfg)
+    with pytest.raises(ConfigError, match=r"^data\.source must be one of \('toy', 'multi30k'"):
+        to_schema({"source": "wmt"}, DataConfig)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"source": "multi30k", "root": None}, r"DataConfig\.root must name the Multi30k"),
+        ({"source": "hf", "hf_name": None}, r"DataConfig\.hf_name must name a dataset"),
+        ({"files": {"train": ["a"], "val": ["b"]}}, r"DataConfig\.files must map each of"),
+        (
+            {"files": {"train": ["a", "b", "c"], "val": ["b"], "test": ["c"]}},
+            r"DataConfig\.files\.train must list 2 text files or 1",
+        ),
+        ({"source": "toy", "toy_val_size": 0}, r"DataConfig\.toy_val_size must be a positive"),
+        (
+            {"source": "toy", "src_lang": "fr"},
+            r"DataConfig\.src_lang/tgt_lang must be en and de .* got \('fr', 'de'\)",
+        ),
+    ],
+)
+def test_each_source_checks_its_own_fields(
+    files_cfg: MakeCfg, overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        files_cfg(**overrides)
+
+
+def test_a_source_checks_only_its_own_fields(files_cfg: MakeCfg) -> None:
+    cfg = files_cfg(toy_val_size=0, src_lang="fr", tgt_lang="en")
+    assert isinstance(get_source(cfg), FilesSource) and cfg.toy_val_size == 0
+
+
+def test_files_source_reads_and_fingerprints_by_stat(
+    files_cfg: MakeCfg, corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = files_cfg()
+    source = get_source(cfg)
+    expected = {role: [corpus_dir / f"{role}.en", corpus_dir / f"{role}.de"] for role in SIZES}
+    assert source.files() == expected
+    src, tgt = read_split(cfg, "val")
+    assert src == (corpus_dir / "val.en").read_text("utf-8").splitlines()
+    assert tgt == (corpus_dir / "val.de").read_text("utf-8").splitlines()
+    assert len(src) == SIZES["val"]
+    test_de = corpus_dir / "test.de"
+    stat = test_de.stat()
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"read {self}"))
+    monkeypatch.setattr(Path, "open", lambda self, *args, **kwargs: pytest.fail(f"read {self}"))
+    fingerprint = source.fingerprint()
+    assert sorted(fingerprint) == sorted(SIZES)
+    assert fingerprint["test"][1] == [
+        str(test_de.resolve()),
+        stat.st_size,
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+        stat.st_ino,
+    ]
+
+
+def test_multi30k_source_names_files_by_split_and_language(
+    files_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    root = tmp_path / "multi30k"
+    root.mkdir()
+    write_parallel(root, {"train": 20, "val": 5, "test2016": 7})
+    cfg = files_cfg(
+        source="multi30k", root=str(root), test_split="test2016", src_lang="de", tgt_lang="en"
+    )
+    source = get_source(cfg)
+    assert source.files()["test"] == [root / "test2016.de", root / "test2016.en"]
+    src, tgt = source.read("test")
+    assert src == (root / "test2016.de").read_text("utf-8").splitlines() and len(tgt) == 7
+
+
+def test_toy_source_fingerprint_is_its_settings_and_writes_nothing(files_cfg: MakeCfg) -> None:
+    cfg = files_cfg(source="toy", toy_train_size=50, toy_val_size=6, toy_test_size=7, toy_seed=3)
+    source = get_source(cfg)
+    assert source.fingerprint() == {"toy": [TOY_VERSION, [50, 6, 7], 3]}
+    assert not Path(cfg.cache_dir).exists()
+    src, tgt = source.read("val")
+    assert len(src) == len(tgt) == 6
+    assert source.files()["val"][0].name == "val.en"
+    assert source.files()["val"][0].parent.name == f"toy-v{TOY_VERSION}-50-6-7-seed3"
+
+
+def test_hf_source_fingerprint_stats_local_files_only(files_cfg: MakeCfg, tmp_path: Path) -> None:
+    local = tmp_path / "train.json"
+    local.write_text("{}\n", encoding="utf-8")
+    cfg = files_cfg(
+        source="hf",
+        hf_name="json",
+        hf_data_files={"train": str(local), "test": "hub/test.json"},
+        parent_field="translation",
+        val_split="validation",
+    )
+    fingerprint = get_source(cfg).fingerprint()
+    splits = {"train": "train", "val": "validation", "test": "test"}
+    assert fingerprint["hf"] == ["json", None, None, splits, ("en", "de")]
+    assert fingerprint["data_files"]["test"] == "hub/test.json"
+    assert fingerprint["data_files"]["train"][:2] == [str(local.resolve()), 3]
