@@ -13,7 +13,7 @@ lives next to the code it configures (`ModelConfig` in model/, `DataConfig` in d
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
@@ -30,6 +30,8 @@ from aiayn.training.schedules import OptimConfig
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 T = TypeVar("T")
+
+TEST_CKPTS = ("best", "last", "averaged")
 
 # nested schemas name fields by class; users type them under these keys
 SCHEMA_KEYS = {
@@ -67,7 +69,13 @@ class TrainConfig:
     test: bool = True
     compile: bool = False
     val_bleu: bool = True
+    # decode keys for validation only, on top of `decode` (e.g. {strategy: greedy}: cheap BLEU
+    # while training, beam for the test split and in the checkpoint's settings)
+    val_decode: dict[str, Any] = field(default_factory=dict)
     num_samples: int = 8  # sample translations shown per validation (console, W&B)
+    # which checkpoint the test split scores after training: best (val/bleu), last, or
+    # averaged (needs callbacks=[...,average])
+    test_ckpt: str = "best"
 
     def __post_init__(self) -> None:
         if self.model.share_embeddings == "all" and not self.data.tokenizer.joint:
@@ -90,6 +98,17 @@ class TrainConfig:
             )
         if self.num_samples < 0:
             raise ConfigError(f"num_samples must be >= 0, got {self.num_samples}")
+        if self.test_ckpt not in TEST_CKPTS:
+            raise ConfigError(f"test_ckpt must be one of {TEST_CKPTS}, got {self.test_ckpt!r}")
+        if self.test_ckpt == "averaged" and "average" not in self.callbacks:
+            raise ConfigError(
+                "test_ckpt=averaged needs the averaging callback: add "
+                "'callbacks=[default,average]' or set test_ckpt=best"
+            )
+        try:
+            replace(self.decode, **self.val_decode)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"val_decode: {error}".replace("DecodeConfig.", "decode.")) from None
         check_trainer_kwargs(self.trainer)
         if self.ckpt_path is not None and not Path(self.ckpt_path).is_file():
             raise ConfigError(f"ckpt_path={self.ckpt_path!r} is not a file; give a .ckpt to resume")

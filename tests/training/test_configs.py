@@ -82,6 +82,10 @@ def test_paper_presets_match_the_paper(tmp_path):
         (["data.tokenizer.joint=false"], "share_embeddings"),
         (["data.max_len=600"], "max_positions"),
         (["ckpt_path=/no/such.ckpt"], "ckpt_path"),
+        (["test_ckpt=newest"], "test_ckpt"),
+        (["test_ckpt=averaged"], "callbacks=\\[default,average\\]"),
+        (["+val_decode.beam_width=3"], "beam_width"),
+        (["+val_decode.strategy=sample"], "decode.strategy"),
     ],
 )
 def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):

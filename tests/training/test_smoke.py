@@ -69,3 +69,5 @@ def test_multi30k_recipes_run_end_to_end(experiment, tmp_path, multi30k_root):
     metrics = run(compose_train(overrides, tmp_path))
     assert metrics["test"]["test/loss"] > 0
     assert metrics["parameters"]["total"] > 1e6
+    # the recipe's rule: the test split scores the average of the last checkpoints
+    assert metrics["test_checkpoint"] == str(tmp_path / "checkpoints" / "averaged.ckpt")

@@ -227,3 +227,23 @@ def test_a_failing_job_still_finishes_its_wandb_run(tmp_path):
     records = read_wandb_records(_wandb_log(run))
     exits = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
     assert len(exits) == 1 and exits[0].exit_code == 1
+
+
+def test_validation_decodes_with_val_decode_on_top_of_decode():
+    from dataclasses import asdict, replace
+
+    from aiayn.model import ModelConfig
+
+    model = ModelConfig(50, 50, d_model=16, num_heads=2, num_encoder_layers=1)
+    model.num_decoder_layers, model.d_ff = 1, 32
+    module = TranslationModule(
+        model=asdict(model),
+        optim={},
+        decode={"strategy": "beam", "beam_size": 3},
+        val_decode={"strategy": "greedy", "max_len_b": 5},
+    )
+    expected = replace(module.decode_config, strategy="greedy", max_len_b=5)
+    assert module.val_decode_config == expected
+    assert module.decode_config.strategy == "beam"  # the test split and checkpoints keep it
+    old = TranslationModule(model=asdict(model), optim={}, decode={"strategy": "beam"})
+    assert old.val_decode_config == old.decode_config  # checkpoints without val_decode

@@ -1,5 +1,7 @@
 """`Throughput`: `train/tokens_per_sec`, real (non-padding) source + target tokens per second
-of training time, summed over ranks. Validation time does not count."""
+of training time, summed over ranks (validation time does not count), and `train/elapsed_min`,
+wall-clock minutes since this process started fitting (validation included), the x axis of
+the curves in `experiments/`."""
 
 from __future__ import annotations
 
@@ -17,10 +19,14 @@ class Throughput(L.Callback):
     def __init__(self) -> None:
         self.tokens, self.seconds = 0, 0.0
         self._last: float | None = None
+        self._start: float | None = None
 
     def mean_rate(self, world_size: int) -> float | None:
         """Mean tokens per second of the run, all ranks (this rank's rate x ranks)."""
         return self.tokens / self.seconds * world_size if self.seconds > 0 else None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         if self._last is None:
@@ -36,6 +42,8 @@ class Throughput(L.Callback):
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
         rate = torch.tensor(tokens / elapsed)
         pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
+        minutes = (now - (self._start or now)) / 60.0
+        pl_module.log("train/elapsed_min", minutes, batch_size=1, reduce_fx="max")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last = None  # validation time is not training throughput

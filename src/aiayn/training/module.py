@@ -9,6 +9,7 @@ samples and attention images are callbacks (`aiayn.callbacks`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -44,6 +45,7 @@ class TranslationModule(L.LightningModule):
         val_bleu: bool = True,
         num_samples: int = 8,
         compile: bool = False,
+        val_decode: dict[str, Any] | None = None,
     ) -> None:
         # num_samples is read by the samples callback (conf/callbacks/samples.yaml); it stays an
         # argument so that checkpoints, whose hyper-parameters hold it, keep loading
@@ -52,6 +54,7 @@ class TranslationModule(L.LightningModule):
         self.model_config = ModelConfig(**model)
         self.optim_config = OptimConfig(**optim)
         self.decode_config = DecodeConfig(**decode)
+        self.val_decode_config = replace(self.decode_config, **(val_decode or {}))
         self.model = Transformer(self.model_config)
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
@@ -122,7 +125,8 @@ class TranslationModule(L.LightningModule):
         self.nll[split].update(nll, weight=batch.tgt_out.ne(self.model_config.pad_id).sum())
         if not self._scores_bleu(split):
             return {}
-        hyps = self.translator.translate_batch(batch.src)
+        decode = self.val_decode_config if split == "val" else self.decode_config
+        hyps = self.translator.translate_batch(batch.src, decode)
         refs = self.trainer.datamodule.references(split)
         refs = [refs[i] for i in batch.ids.tolist()]
         if self.translator.tokenizers.lowercases("tgt"):  # the model cannot produce capitals

@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.callbacks import LastCheckpoint, RNGState, Throughput
+from aiayn.callbacks import AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, to_schema
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.errors import ConfigError
@@ -76,6 +76,7 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
         decode=plain(config.decode),
         val_bleu=config.val_bleu,
         num_samples=config.num_samples,
+        val_decode=dict(config.val_decode),
         compile=config.compile,
     )
     module.tokenizers = datamodule.tokenizers
@@ -102,7 +103,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if rate is not None:
                 metrics["train_tokens_per_sec"] = rate
         if config.test:  # the best checkpoint of this run, or the one given when not training
-            checkpoint = _best_checkpoint(trainer) if config.train else config.ckpt_path
+            checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
             results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
             metrics["test"] = results[0] if results else {}
             metrics["test_checkpoint"] = checkpoint
@@ -178,6 +179,21 @@ def _best_callback(trainer: L.Trainer) -> ModelCheckpoint | None:
     return next((c for c in trainer.checkpoint_callbacks if c.monitor is not None), None)
 
 
+def _test_checkpoint(trainer: L.Trainer, config: TrainConfig) -> str | None:
+    """The checkpoint `test_ckpt` names: best (by the monitored metric), last or averaged."""
+    if config.test_ckpt == "averaged":
+        averaging = next(c for c in trainer.callbacks if isinstance(c, AverageCheckpoints))
+        return str(averaging.path(trainer))
+    if config.test_ckpt == "last":
+        return _last_checkpoint(trainer)
+    return _best_checkpoint(trainer)
+
+
+def _last_checkpoint(trainer: L.Trainer) -> str | None:
+    last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
+    return str(last.path) if last and last.path.is_file() else None
+
+
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
     callback = _best_callback(trainer)
     return (callback.best_model_path or None) if callback else None
@@ -188,8 +204,7 @@ def _checkpoint_info(trainer: L.Trainer) -> dict[str, Any]:
     callback = _best_callback(trainer)
     if callback is not None and callback.best_model_score is not None:
         info["best"] = {callback.monitor: float(callback.best_model_score)}
-    last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
-    info["last_checkpoint"] = str(last.path) if last and last.path.is_file() else None
+    info["last_checkpoint"] = _last_checkpoint(trainer)
     return info
 
 
