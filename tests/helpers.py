@@ -73,6 +73,17 @@ def cli(args: list[str], tmp_path: Path, module: str = "train.py", timeout: int 
     )
 
 
+# 60 updates with one validation at the end: enough for a tiny model's loss to fall by > 1
+SIXTY_STEPS = [
+    "trainer.max_steps=60",
+    "trainer.max_epochs=-1",
+    "trainer.val_check_interval=60",
+    "trainer.check_val_every_n_epoch=null",
+    "trainer.log_every_n_steps=5",
+    "optim.warmup_steps=30",
+]
+
+
 def cli_overrides(tmp_path: Path) -> list[str]:
     """fast_overrides for the command line, with all run directories under tmp_path."""
     return [*fast_overrides(tmp_path), f"paths.log_dir={tmp_path / 'logs'}"]

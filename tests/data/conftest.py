@@ -32,21 +32,25 @@ def corpus_dir(tmp_path: Path) -> Path:
     return directory
 
 
+def small_config(tmp_path: Path, vocab_size: int, **settings: object) -> DataConfig:
+    """A DataConfig for tests: a small tokenizer, short sentences and batches, the cache
+    under tmp_path, and `settings` on top."""
+    defaults: dict[str, object] = {
+        "tokenizer": TokenizerConfig(vocab_size=vocab_size, min_frequency=1),
+        "max_len": 32,
+        "max_tokens": 256,
+        "cache_dir": str(tmp_path / "cache"),
+    }
+    return DataConfig(**{**defaults, **settings})  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def files_cfg(corpus_dir: Path, tmp_path: Path) -> Callable[..., DataConfig]:
     """make(**overrides) -> a 'files' DataConfig over corpus_dir with a small tokenizer."""
 
     def make(**overrides: object) -> DataConfig:
-        settings: dict[str, object] = {
-            "source": "files",
-            "root": str(corpus_dir),
-            "files": {role: [f"{role}.en", f"{role}.de"] for role in SIZES},
-            "tokenizer": TokenizerConfig(vocab_size=300, min_frequency=1),
-            "max_len": 32,
-            "max_tokens": 256,
-            "cache_dir": str(tmp_path / "cache"),
-        }
-        settings.update(overrides)
-        return DataConfig(**settings)  # type: ignore[arg-type]
+        files = {role: [f"{role}.en", f"{role}.de"] for role in SIZES}
+        settings = {"source": "files", "root": str(corpus_dir), "files": files}
+        return small_config(tmp_path, 300, **{**settings, **overrides})
 
     return make

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.data.config import DataConfig, TokenizerConfig
+from aiayn.data.config import DataConfig
 from aiayn.data.prepare import cache_path, load_manifest, prepare
 from aiayn.data.sources import get_source
 from aiayn.data.sources import multi30k as m30k
 from aiayn.errors import DataError
+from tests.data.conftest import small_config
 
 LANGS = ("en", "de")
 SIZES = {"train": 12, "val": 4, "test2016": 3, "test2017_mscoco": 2}
@@ -97,18 +98,9 @@ def make_cfg(tmp_path: Path, server: Server) -> MakeCfg:
 
     def make(**overrides: object) -> DataConfig:
         root.mkdir(exist_ok=True)
-        settings: dict[str, object] = {
-            "source": "multi30k",
-            "root": str(root),
-            "test_split": "test2016",
-            "download_url": server.url,
-            "tokenizer": TokenizerConfig(vocab_size=100, min_frequency=1),
-            "max_len": 32,
-            "max_tokens": 256,
-            "cache_dir": str(tmp_path / "cache"),
-        }
-        settings.update(overrides)
-        return DataConfig(**settings)  # type: ignore[arg-type]
+        settings = {"source": "multi30k", "root": str(root), "test_split": "test2016"}
+        settings["download_url"] = server.url
+        return small_config(tmp_path, 100, **{**settings, **overrides})
 
     return make
 

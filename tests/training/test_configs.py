@@ -147,3 +147,37 @@ def test_run_level_checks_name_the_key(overrides, message, tmp_path):
 
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         validate(compose_train(overrides, output_dir=tmp_path))
+
+
+@pytest.mark.parametrize("group", ["data", "model", "decode", "optim"])
+def test_group_files_list_only_what_differs_from_the_schema(group):
+    """conf/<group>/*.yaml start from their schema: every key they set changes its default,
+    except the key that names the option (data.source, decode.strategy, optim.schedule), which
+    each file of those groups states (it also overrides a checkpoint's decode settings)."""
+    import dataclasses
+
+    import yaml
+
+    from aiayn.data.config import DataConfig, TokenizerConfig
+    from aiayn.model import DecodeConfig, ModelConfig
+    from aiayn.training.schedules import OptimConfig
+
+    schema = {"data": DataConfig, "model": ModelConfig, "decode": DecodeConfig}
+    schema["optim"] = OptimConfig
+    nested = {"tokenizer": TokenizerConfig}
+
+    def defaults(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    for option in _options(group):
+        listed = yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()) or {}
+        base = defaults(schema[group])
+        for key, value in listed.items():
+            if key in nested:
+                inner = defaults(nested[key])
+                for k, v in value.items():
+                    assert inner[k] != v, f"{group}/{option}.yaml: {key}.{k}={v} is the default"
+            else:
+                assert key in base, f"{group}/{option}.yaml: unknown key {key}"
+                if key not in ("source", "strategy", "schedule"):
+                    assert base[key] != value, f"{group}/{option}.yaml: {key}={value} is default"

@@ -10,7 +10,7 @@ from aiayn.inference import load_checkpoint
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.module import TranslationModule
-from tests.helpers import cli, cli_overrides, csv_metrics, run_dirs
+from tests.helpers import SIXTY_STEPS, cli, cli_overrides, csv_metrics, run_dirs
 
 SHORT = ["data.toy_train_size=2000", "data.toy_val_size=100", "data.toy_test_size=100"]
 
@@ -114,12 +114,7 @@ def test_bf16_mixed_precision_trains_on_cpu(tmp_path):
             *cli_overrides(tmp_path),
             *SHORT,
             "trainer.precision=bf16-mixed",
-            "trainer.max_steps=60",
-            "trainer.max_epochs=-1",
-            "trainer.val_check_interval=60",
-            "trainer.check_val_every_n_epoch=null",
-            "trainer.log_every_n_steps=5",
-            "optim.warmup_steps=30",
+            *SIXTY_STEPS,
             "data.max_tokens=512",
         ],
         tmp_path,

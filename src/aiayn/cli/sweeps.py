@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from aiayn.errors import AiaynError, exit_on_error
+
 COLUMNS = (
     "job",
     "overrides",
@@ -105,13 +107,14 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
 def summarise(multirun_dir: Path) -> list[Path]:
     rows = collect(multirun_dir)
     if not rows:
-        raise SystemExit(
+        raise AiaynError(
             f"{multirun_dir}: no job directories (*/.hydra/overrides.yaml) found; "
             "pass the directory a `python train.py -m ...` run printed"
         )
     return [*write_tables(rows, multirun_dir), plot(rows, multirun_dir)]
 
 
+@exit_on_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m aiayn.sweeps", description=__doc__)
     parser.add_argument("multirun_dir", type=Path)

@@ -1,0 +1,47 @@
+"""The GPU layer: what only a CUDA machine can run (skipped elsewhere). `python -m pytest
+tests/gpu` on a GPU machine runs it unchanged: the `gpu` trainer preset, bf16-mixed and
+16-mixed training through `train.py`, and decoding on the GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import SIXTY_STEPS, cli, cli_overrides, csv_metrics, run_dirs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+TOY = ["data.toy_train_size=2000", "data.toy_val_size=50", "data.toy_test_size=50"]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true"])
+def test_trainer_gpu_trains_and_decodes(precision, tmp_path):
+    args = [
+        *cli_overrides(tmp_path),
+        *TOY,
+        *SIXTY_STEPS,
+        "trainer=gpu",
+        f"trainer.precision={precision}",
+    ]
+    result = cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    losses = csv_metrics(run)["train/loss"]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 1.0, losses
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert 0.0 <= metrics["test"]["test/bleu"] <= 100.0
+    assert "CUDA" in result.stdout + result.stderr or "GPU available: True" in result.stderr
+
+
+def test_checkpoint_translates_on_the_gpu_as_on_the_cpu(tmp_path):
+    from aiayn.inference import load_checkpoint
+
+    result = cli([*cli_overrides(tmp_path), *TOY, *SIXTY_STEPS, "trainer=gpu"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    lines = ["the red dog sees the big cat.", "yesterday Anna saw two green birds."]
+    on_gpu = load_checkpoint(run / "checkpoints" / "last.ckpt", "cuda").translate(lines)
+    on_cpu = load_checkpoint(run / "checkpoints" / "last.ckpt", "cpu").translate(lines)
+    assert on_gpu == on_cpu
