@@ -16,6 +16,7 @@ from aiayn.model import ModelConfig, Transformer, format_parameter_summary, para
     ("overrides", "field"),
     [
         ({"d_model": 30, "num_heads": 4}, "num_heads"),
+        ({"head_dim": 0}, "head_dim"),
         ({"dropout": 1.0}, "dropout"),
         ({"dropout": -0.1}, "dropout"),
         ({"attention_dropout": 1.5}, "attention_dropout"),
@@ -56,7 +57,8 @@ def test_special_ids_default_for_configs_saved_without_them() -> None:
 
 def closed_form(cfg: ModelConfig) -> int:
     d, f, e = cfg.d_model, cfg.d_ff, cfg.d_embed
-    attention = 4 * (d * d + d)
+    a = cfg.num_heads * cfg.head_dim if cfg.head_dim else d  # attention width
+    attention = 4 * d * a + 3 * a + d  # q, k, v: (a, d) + a; out: (d, a) + d
     ffn = 2 * d * f + f + d
     norm = 2 * d
     encoder = cfg.num_encoder_layers * (attention + ffn + 2 * norm)
@@ -89,6 +91,8 @@ def closed_form(cfg: ModelConfig) -> int:
         {"d_embed": 8, "share_embeddings": "decoder", "tgt_vocab_size": 29},
         {"d_embed": 8, "share_embeddings": "none", "positional": "learned"},
         {"num_heads": 2, "d_ff": 64, "num_encoder_layers": 3, "num_decoder_layers": 1},
+        {"head_dim": 4},
+        {"head_dim": 12, "num_heads": 3, "share_embeddings": "none"},
     ],
 )
 def test_parameter_count_closed_form(overrides: dict[str, Any]) -> None:

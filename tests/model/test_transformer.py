@@ -84,9 +84,10 @@ def test_matches_torch_transformer(norm_first: bool, activation: str) -> None:
     torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [None, 2])  # 2: attention width 8 != d_model 16
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_no_future_leakage(norm_first: bool) -> None:
-    model = tiny_model(norm_first=norm_first)
+def test_no_future_leakage(norm_first: bool, head_dim: int | None) -> None:
+    model = tiny_model(norm_first=norm_first, head_dim=head_dim)
     src = random_tokens(2, 6, 23, seed=3)
     tgt = random_tokens(2, 8, 23, seed=4)
     with torch.no_grad():
@@ -100,9 +101,10 @@ def test_no_future_leakage(norm_first: bool) -> None:
             assert not torch.allclose(logits[:, t + 1 :], base[:, t + 1 :], atol=1e-3)
 
 
+@pytest.mark.parametrize("head_dim", [None, 2])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_padding_invariance(norm_first: bool) -> None:
-    model = tiny_model(norm_first=norm_first)
+def test_padding_invariance(norm_first: bool, head_dim: int | None) -> None:
+    model = tiny_model(norm_first=norm_first, head_dim=head_dim)
     src = random_tokens(3, 9, 23, seed=5)
     tgt = random_tokens(3, 7, 23, seed=6)
     src_len, tgt_len = 5, 4
@@ -116,10 +118,13 @@ def test_padding_invariance(norm_first: bool) -> None:
     torch.testing.assert_close(explicit, alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [None, 6])  # 6: attention width 24 > d_model 16
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_cached_decoding_equals_full_pass(norm_first: bool, positional: str) -> None:
-    model = tiny_model(norm_first=norm_first, positional=positional)
+def test_cached_decoding_equals_full_pass(
+    norm_first: bool, positional: str, head_dim: int | None
+) -> None:
+    model = tiny_model(norm_first=norm_first, positional=positional, head_dim=head_dim)
     src = random_tokens(3, 6, 23, seed=7)
     src[2, 3:] = PAD
     tgt = random_tokens(3, 9, 23, seed=8)
@@ -198,6 +203,7 @@ def test_decode_src_mask_none_means_no_source_padding() -> None:
         {"share_embeddings": "decoder", "tgt_vocab_size": 19},
         {"share_embeddings": "all", "norm_first": True, "positional": "learned"},
         {"share_embeddings": "decoder", "d_embed": 8, "attention_dropout": 0.1, "dropout": 0.1},
+        {"head_dim": 6, "num_heads": 3},
     ],
 )
 def test_every_parameter_gets_a_gradient(overrides: dict) -> None:

@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.config import CONF_DIR, TrainConfig, to_schema
+from aiayn.config import CONF_DIR, TrainConfig, register, to_schema
 from aiayn.errors import ConfigError
 from tests.helpers import CONFIG_ERRORS, compose_train
 
 GROUPS = ["data", "model", "optim", "decode", "trainer", "logger", "callbacks", "experiment"]
+GROUPS += ["ablation"]
 
 
 def _options(group: str) -> list[str]:
@@ -35,6 +36,7 @@ def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("train", overrides=[f"sweep={sweep}"], return_hydra_config=True)
@@ -43,8 +45,14 @@ def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
     for key, values in params.items():
         choices = str(values).split(",")
         assert len(choices) >= 2, f"{key}: {values}"
+        recipe = ["experiment=multi30k_cpu"]  # the recipe conf/ablation/'s values are set for
         for value in choices:
-            config = to_schema(compose_train([f"{key}={value}"], tmp_path), TrainConfig)
+            overrides = [*recipe, f"{key}={value}"]
+            config = to_schema(compose_train(overrides, tmp_path), TrainConfig)
+            if key == "ablation":  # a conf/ablation/ file: it must change the config
+                base = to_schema(compose_train(recipe, tmp_path), TrainConfig)
+                assert (config == base) == (value == "base"), f"ablation={value}"
+                continue
             group, _, name = key.partition(".")
             assert str(getattr(getattr(config, group), name)).lower() == value.lower(), key
 

@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from tests.helpers import cli, cli_overrides, csv_metrics, run_dirs
+from tests.helpers import cli, cli_overrides, csv_metrics, read_wandb_records, run_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -176,9 +176,19 @@ def test_multirun_six_jobs_and_the_sweep_summary(tmp_path):
     assert len(jobs) == 6
     wandb_runs = {r.name for j in jobs for r in (j / "wandb").glob("offline-run-*")}
     assert len(wandb_runs) == 6
-    for job in jobs:
+    for job in jobs:  # one W&B group named after the multirun; swept keys at the top level
         (run,) = (job / "wandb").glob("offline-run-*")
-        assert list(run.glob("*.wandb"))
+        (log,) = run.glob("*.wandb")
+        records = read_wandb_records(log)
+        groups = {r.run.run_group for r in records if r.WhichOneof("record_type") == "run"}
+        assert groups == {sweep_dir.name}
+        config = {
+            i.key
+            for r in records
+            if r.WhichOneof("record_type") == "config"
+            for i in r.config.update
+        }
+        assert {"model.num_heads", "model.norm_first", "config"} <= config
 
     result = cli([str(sweep_dir)], tmp_path, module="aiayn.sweeps")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Summarise a multirun: `python -m aiayn.sweeps <multirun dir>`.
+"""Summarise multiruns: `python -m aiayn.sweeps <multirun dir> [...] [--paper table3]`.
 
 Reads each job's `.hydra/overrides.yaml` and `metrics.json` and writes `sweep.md`,
 `sweep.csv` and `sweep.png` (val/bleu per job) into the multirun directory. Columns: the
@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from aiayn.cli import table3
 from aiayn.errors import AiaynError, exit_on_error
 
 COLUMNS = (
@@ -117,11 +118,22 @@ def summarise(multirun_dir: Path) -> list[Path]:
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m aiayn.sweeps", description=__doc__)
-    parser.add_argument("multirun_dir", type=Path)
+    parser.add_argument("multirun_dirs", type=Path, nargs="+", metavar="multirun_dir")
+    parser.add_argument(
+        "--paper",
+        choices=["table3"],
+        help="also report the jobs beside the paper's Table 3 (aiayn.cli.table3)",
+    )
     args = parser.parse_args(argv)
-    for path in summarise(args.multirun_dir):
-        print(path)
-    print((args.multirun_dir / "sweep.md").read_text())
+    first = args.multirun_dirs[0]
+    for directory in args.multirun_dirs:
+        for path in summarise(directory):
+            print(path)
+    print((first / "sweep.md").read_text())
+    if args.paper == "table3":
+        for path in table3.write(table3.report(args.multirun_dirs), first):
+            print(path)
+        print((first / "table3.md").read_text())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Multi-head attention (self and cross) on ``F.scaled_dot_product_attention``.
 
-Shapes: ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key lengths, ``Dh = d_model / H``.
+Shapes: ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key lengths, ``Dh`` the head width
+(``d_model / H`` unless ``head_dim`` sets it: Table 3 row (B)); ``A = H * Dh`` the attention
+width, which then may differ from ``d_model``.
 Masks follow ``aiayn.model.masks`` (bool, True = may attend).
 
 ``with capture_attention(model) as maps:`` switches every attention module of a
@@ -47,18 +49,21 @@ class _Heads(nn.Module):
     explicit path appends its probabilities to.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float, head_dim: int | None = None
+    ) -> None:
         super().__init__()
-        if d_model % num_heads != 0:
+        if head_dim is None and d_model % num_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = head_dim or d_model // num_heads
+        self.width = num_heads * self.head_dim  # A
         self.dropout = dropout
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(self.width, d_model)
         self.record: list[Tensor] | None = None
 
     def split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        """``(B, T, n*D)`` -> ``n`` views ``(B, H, T, Dh)``."""
+        """``(B, T, n*A)`` -> ``n`` views ``(B, H, T, Dh)``."""
         B, T, _ = x.shape
         return x.view(B, T, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
@@ -77,9 +82,9 @@ class _Heads(nn.Module):
         return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
 
     def _xavier_chunks(self, weight: Tensor) -> None:
-        """Xavier-uniform each ``(D, D)`` block of a fused projection, as separate layers."""
+        """Xavier-uniform each ``(A, D)`` block of a fused projection, as separate layers."""
         with torch.no_grad():
-            for chunk in weight.split(weight.size(1), dim=0):
+            for chunk in weight.split(self.width, dim=0):
                 nn.init.xavier_uniform_(chunk)
 
 
@@ -87,9 +92,11 @@ class MultiHeadSelfAttention(_Heads):
     """``x (B, T, D)`` -> ``(B, T, D)``; one fused ``qkv_proj``. With a ``LayerCache`` the new
     keys/values are appended to the cached ones and ``x`` holds only the new positions."""
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
-        super().__init__(d_model, num_heads, dropout)
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, head_dim: int | None = None
+    ) -> None:
+        super().__init__(d_model, num_heads, dropout, head_dim)
+        self.qkv_proj = nn.Linear(d_model, 3 * self.width)
 
     def reset_parameters(self) -> None:
         self._xavier_chunks(self.qkv_proj.weight)
@@ -113,10 +120,12 @@ class MultiHeadCrossAttention(_Heads):
     """``x (B, T, D)`` attends ``memory (B, S, D)`` -> ``(B, T, D)``. The memory's keys/values
     come from ``project_memory`` (computed once per source and kept in a ``LayerCache``)."""
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
-        super().__init__(d_model, num_heads, dropout)
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, head_dim: int | None = None
+    ) -> None:
+        super().__init__(d_model, num_heads, dropout, head_dim)
+        self.q_proj = nn.Linear(d_model, self.width)
+        self.kv_proj = nn.Linear(d_model, 2 * self.width)
 
     def reset_parameters(self) -> None:
         self._xavier_chunks(self.kv_proj.weight)

@@ -36,6 +36,9 @@ class ModelConfig:
     max_positions: int = 1024
     share_embeddings: str = "all"
     d_embed: Optional[int] = None  # noqa: UP045 (OmegaConf structured configs need Optional)
+    # d_k = d_v per head; None: d_model / num_heads. Set, the attention width num_heads *
+    # head_dim may differ from d_model (Table 3 row (B): smaller keys at fixed heads)
+    head_dim: Optional[int] = None  # noqa: UP045
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -64,10 +67,19 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.d_embed must be a positive integer or null, got {self.d_embed!r}"
             )
-        if self.d_model % self.num_heads != 0:
+        if self.head_dim is not None and (
+            not isinstance(self.head_dim, int)
+            or isinstance(self.head_dim, bool)
+            or self.head_dim <= 0
+        ):
+            raise ValueError(
+                f"ModelConfig.head_dim must be a positive integer or null, got {self.head_dim!r}"
+            )
+        if self.head_dim is None and self.d_model % self.num_heads != 0:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} is not divisible by "
-                f"ModelConfig.num_heads={self.num_heads}; choose num_heads dividing d_model"
+                f"ModelConfig.num_heads={self.num_heads}; choose num_heads dividing d_model "
+                "or set ModelConfig.head_dim"
             )
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)

@@ -52,7 +52,9 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d = config.d_model
-        self.self_attn = MultiHeadSelfAttention(d, config.num_heads, config.attention_dropout)
+        self.self_attn = MultiHeadSelfAttention(
+            d, config.num_heads, config.attention_dropout, config.head_dim
+        )
         self.ff = FeedForward(d, config.d_ff, config.activation)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
@@ -75,8 +77,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d, h, p = config.d_model, config.num_heads, config.attention_dropout
-        self.self_attn = MultiHeadSelfAttention(d, h, p)
-        self.cross_attn = MultiHeadCrossAttention(d, h, p)
+        self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim)
+        self.cross_attn = MultiHeadCrossAttention(d, h, p, config.head_dim)
         self.ff = FeedForward(d, config.d_ff, config.activation)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,9 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
     callbacks += [RNGState(), Throughput()]
     if not config.trainer.get("enable_progress_bar", True):  # so the flag alone turns it off
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    loggers = [_instantiate(f"logger.{k}", c) for k, c in config.logger.items() if c]
+    loggers = [
+        _instantiate(f"logger.{k}", c, **_sweep_group(c)) for k, c in config.logger.items() if c
+    ]
     return _instantiate(
         "trainer",
         config.trainer,
@@ -58,6 +61,29 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
         logger=loggers or False,
         plugins=[AtomicCheckpointIO()],
     )
+
+
+def _sweep_group(node: dict[str, Any]) -> dict[str, str]:
+    """In a multirun, a W&B logger without a group joins the group named after the multirun
+    directory, so the project page shows the sweep as one table."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not str(node.get("_target_", "")).endswith("WandbLogger") or node.get("group"):
+        return {}
+    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+        return {}
+    return {"group": Path(HydraConfig.get().sweep.dir).name}
+
+
+def _swept_settings() -> dict[str, str]:
+    """The command-line overrides of this job (`model.num_heads=4` -> key: value), logged as
+    top-level config keys so that a sweep's jobs can be compared side by side."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    overrides = HydraConfig.get().overrides.task
+    return dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
 
 
 def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule]:
@@ -85,6 +111,7 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train (and test) as configured; returns the metrics also written to metrics.json."""
+    start = time.perf_counter()
     config = validate(cfg)
     trainer = build_trainer(config)
     loggers = trainer.loggers
@@ -109,6 +136,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             metrics["test_checkpoint"] = checkpoint
         metrics.update(_checkpoint_info(trainer), parameters=summary, run_dir=str(output_dir))
         metrics["resumed_from"] = config.ckpt_path
+        metrics["wall_clock_min"] = (time.perf_counter() - start) / 60  # this process
         _write_metrics(output_dir / "metrics.json", metrics)
         _print_result(metrics)
         failed = False
@@ -166,7 +194,7 @@ def _log_run_info(
     log.info("parameters:\n%s", format_parameter_summary(summary))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
-        logger.log_hyperparams({"config": resolved, "parameters": summary})
+        logger.log_hyperparams({**_swept_settings(), "config": resolved, "parameters": summary})
         if isinstance(logger, WandbLogger):
             for name, summary_kind in (("val/bleu", "max"), ("val/ppl", "min")):
                 logger.experiment.define_metric(

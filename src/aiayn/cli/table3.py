@@ -1,0 +1,206 @@
+"""The Table 3 report: a sweep's jobs beside the paper's rows.
+
+`python -m aiayn.sweeps <multirun dir> [<more dirs> ...] --paper table3` reads every job of
+the given multiruns (one job per `ablation=<row>` of conf/ablation/, several seeds of a row
+allowed), and writes `table3.md`, `table3.csv` and `table3.png` into the first directory.
+
+Per row: its settings, parameters, val PPL and val BLEU (the last validation), test BLEU,
+wall clock, the paper's dev PPL/BLEU (newstest2013, Table 3 of Vaswani et al. 2017), our
+change against the sweep's `base` row next to the paper's change against its base, and a
+verdict: `same direction`, `opposite`, or `within noise` when our change is no larger than the
+noise, measured as twice the standard deviation of the base row's seeds (needs >= 2 base
+seeds; else every verdict says `no noise estimate`). A row whose paper change is zero gets
+`paper: no change` unless ours is within noise.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aiayn.errors import AiaynError
+
+# Table 3 of the paper (dev set newstest2013): row -> (PPL, BLEU). Our conf/ablation/ rows are
+# matched to the paper's by what they change relative to the base (d_k for the heads rows:
+# the recipe's base has the paper's d_k = 64 with d_model 256 and 4 heads).
+PAPER: dict[str, tuple[float, float]] = {
+    "base": (4.92, 25.8),
+    "A_h1": (5.29, 24.9),  # one head
+    "A_h2": (5.00, 25.5),  # d_k 128 (paper: h=4)
+    "A_h8": (4.91, 25.8),  # d_k 32 (paper: h=16)
+    "A_h16": (5.01, 25.4),  # d_k 16 (paper: h=32)
+    "B_dk16": (5.16, 25.1),
+    "B_dk32": (5.01, 25.4),
+    "C_N2": (6.11, 23.7),
+    "C_N4": (5.19, 25.3),
+    "C_N8": (4.88, 25.5),
+    "C_dmodel_half": (5.75, 24.5),
+    "C_dmodel_double": (4.66, 26.0),
+    "C_dff_half": (5.12, 25.4),
+    "C_dff_double": (4.75, 26.2),
+    "D_dropout0": (5.77, 24.6),
+    "D_dropout_up": (4.95, 25.5),
+    "D_ls0": (4.67, 25.3),
+    "D_ls2": (5.47, 25.7),
+    "E_learned": (4.92, 25.7),
+}
+COLUMNS = (
+    "row",
+    "seeds",
+    "parameters",
+    "val PPL",
+    "val BLEU",
+    "test BLEU",
+    "minutes",
+    "paper PPL",
+    "paper BLEU",
+    "Δ BLEU",
+    "paper Δ BLEU",
+    "BLEU verdict",
+    "Δ PPL",
+    "paper Δ PPL",
+    "PPL verdict",
+)
+
+
+@dataclass
+class Row:
+    """One ablation row: the metrics of each of its jobs (seeds)."""
+
+    name: str
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def mean(self, key: str) -> float | None:
+        values = [j[key] for j in self.jobs if j.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+
+def read_jobs(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Every finished job of the multiruns: its ablation row and metrics."""
+    jobs = []
+    for directory in multirun_dirs:
+        for overrides_file in sorted(directory.glob("*/.hydra/overrides.yaml")):
+            job = overrides_file.parent.parent
+            overrides = yaml.safe_load(overrides_file.read_text()) or []
+            row = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
+            metrics_file = job / "metrics.json"
+            if row is None or not metrics_file.is_file():
+                continue
+            metrics = json.loads(metrics_file.read_text())
+            fit, test = metrics.get("fit", {}), metrics.get("test") or {}
+            jobs.append(
+                {
+                    "row": row,
+                    "job": str(job),
+                    "parameters": metrics.get("parameters", {}).get("total"),
+                    "val PPL": fit.get("val/ppl"),
+                    "val BLEU": fit.get("val/bleu"),
+                    "test BLEU": test.get("test/bleu"),
+                    "minutes": metrics.get("wall_clock_min"),
+                }
+            )
+    return jobs
+
+
+def verdict(ours: float | None, paper: float | None, noise: float | None) -> str:
+    if ours is None or paper is None:
+        return ""
+    if noise is None:
+        return "no noise estimate"
+    if abs(ours) <= noise:
+        return "within noise"
+    if paper == 0:
+        return "paper: no change"
+    return "same direction" if (ours > 0) == (paper > 0) else "opposite"
+
+
+def report(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
+    """The report's rows (base first, then in conf/ablation order of first appearance)."""
+    jobs = read_jobs(multirun_dirs)
+    rows: dict[str, Row] = {}
+    for job in jobs:
+        rows.setdefault(job["row"], Row(job["row"])).jobs.append(job)
+    if "base" not in rows:
+        raise AiaynError(
+            f"no finished job with ablation=base in {', '.join(map(str, multirun_dirs))}: "
+            "the report compares every row with the base row"
+        )
+    base = rows["base"]
+    noise = {}
+    for key in ("val BLEU", "val PPL"):
+        values = [j[key] for j in base.jobs if j.get(key) is not None]
+        noise[key] = 2 * statistics.stdev(values) if len(values) >= 2 else None
+    paper_base = PAPER["base"]
+    out = []
+    for name in ["base", *[n for n in rows if n != "base"]]:
+        row = rows[name]
+        paper = PAPER.get(name)
+        line: dict[str, Any] = {"row": name, "seeds": len(row.jobs)}
+        for key in ("parameters", "val PPL", "val BLEU", "test BLEU", "minutes"):
+            line[key] = row.mean(key)
+        line["paper PPL"], line["paper BLEU"] = paper if paper else (None, None)
+        for metric, index, key in (("BLEU", 1, "val BLEU"), ("PPL", 0, "val PPL")):
+            ours = _delta(row.mean(key), base.mean(key))
+            theirs = round(paper[index] - paper_base[index], 2) if paper else None
+            line[f"Δ {metric}"], line[f"paper Δ {metric}"] = ours, theirs
+            line[f"{metric} verdict"] = "" if name == "base" else verdict(ours, theirs, noise[key])
+        out.append(line)
+    return out
+
+
+def _delta(value: float | None, base: float | None) -> float | None:
+    return None if value is None or base is None else value - base
+
+
+def _fmt(value: Any, column: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:+.2f}" if "Δ" in column else f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def write(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """table3.md, table3.csv and table3.png (our Δ BLEU beside the paper's per row)."""
+    md = out_dir / "table3.md"
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r.get(c), c) for c in COLUMNS) + " |" for r in rows]
+    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    table = out_dir / "table3.csv"
+    with open(table, "w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return [md, table, _plot(rows, out_dir / "table3.png")]
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["row"] != "base"]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(shown), 2) + 1.5))
+    y = range(len(shown))
+    ours = [r["Δ BLEU"] or 0.0 for r in shown]
+    theirs = [r["paper Δ BLEU"] or 0.0 for r in shown]
+    ax.barh([i - 0.2 for i in y], ours, height=0.4, label="ours (val BLEU - base)")
+    ax.barh([i + 0.2 for i in y], theirs, height=0.4, label="paper (dev BLEU - base)")
+    ax.set_yticks(list(y), [r["row"] for r in shown])
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel("change in BLEU against the base row")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,88 @@
+"""The `--paper table3` report on a synthetic multirun with known numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import table3
+from aiayn.cli.sweeps import main
+
+
+def _job(directory: Path, name: str, overrides: list[str], bleu: float, ppl: float) -> None:
+    job = directory / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    metrics = {
+        "fit": {"val/bleu": bleu, "val/ppl": ppl},
+        "test": {"test/bleu": bleu - 1.0},
+        "parameters": {"total": 1000},
+        "best": {"val/bleu": bleu},
+        "wall_clock_min": 5.0,
+    }
+    (job / "metrics.json").write_text(json.dumps(metrics))
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> tuple[Path, Path]:
+    first, second = tmp_path / "part1", tmp_path / "part2"
+    common = ["experiment=multi30k_cpu"]
+    # base with three seeds: BLEU 30.0, 30.2, 29.8 -> stdev 0.2, noise 0.4
+    for i, (seed, bleu) in enumerate([(1, 30.0), (2, 30.2), (3, 29.8)]):
+        _job(first, str(i), [*common, "ablation=base", f"seed={seed}"], bleu, 6.0)
+    _job(first, "3", [*common, "ablation=A_h1"], 28.0, 6.5)  # paper: -0.9 BLEU, +0.37 PPL
+    _job(first, "4", [*common, "ablation=C_N2"], 31.0, 5.5)  # paper: -2.1 BLEU, +1.19 PPL
+    _job(second, "0", [*common, "ablation=D_ls0"], 30.3, 5.8)  # paper: -0.5 BLEU
+    _job(second, "1", [*common, "ablation=A_h8"], 29.0, 6.2)  # paper: no BLEU change
+    _job(second, "2", [*common, "ablation=norm_pre"], 31.0, 5.9)  # no paper row
+    return first, second
+
+
+def test_report_puts_each_row_beside_the_paper_with_verdicts(sweep):
+    rows = {r["row"]: r for r in table3.report(list(sweep))}
+    assert next(iter(rows)) == "base" and rows["base"]["seeds"] == 3
+    assert rows["base"]["val BLEU"] == pytest.approx(30.0)
+    h1 = rows["A_h1"]
+    assert (h1["paper PPL"], h1["paper BLEU"]) == (5.29, 24.9)
+    assert h1["Δ BLEU"] == pytest.approx(-2.0) and h1["paper Δ BLEU"] == pytest.approx(-0.9)
+    assert h1["BLEU verdict"] == "same direction" == h1["PPL verdict"]  # PPL +0.5, paper +0.37
+    assert rows["C_N2"]["BLEU verdict"] == "opposite"
+    assert rows["D_ls0"]["BLEU verdict"] == "within noise"  # +0.3 <= 2 x 0.2
+    assert rows["A_h8"]["BLEU verdict"] == "paper: no change"
+    assert rows["norm_pre"]["paper BLEU"] is None and rows["norm_pre"]["BLEU verdict"] == ""
+    assert rows["C_N2"]["test BLEU"] == pytest.approx(30.0) and rows["C_N2"]["minutes"] == 5.0
+
+
+def test_cli_writes_the_report_into_the_first_directory(sweep, capsys):
+    first, second = sweep
+    main([str(first), str(second), "--paper", "table3"])
+    table = (first / "table3.md").read_text().splitlines()
+    assert table[0].startswith("| row | seeds | parameters |")
+    assert len(table) == 2 + 6  # base, A_h1, C_N2, then the second part's rows
+    a_h1 = next(line for line in table if line.startswith("| A_h1 "))
+    assert "| -2.00 | -0.90 | same direction |" in a_h1
+    assert (first / "table3.png").stat().st_size > 1000
+    assert "table3.md" in capsys.readouterr().out
+
+
+def test_report_needs_a_base_row(tmp_path):
+    _job(tmp_path, "0", ["ablation=A_h1"], 28.0, 6.5)
+    with pytest.raises(table3.AiaynError, match="ablation=base"):
+        table3.report([tmp_path])
+
+
+def test_paper_numbers_are_table_3(tmp_path):
+    """The values quoted in the issue and the paper (dev newstest2013, PPL / BLEU)."""
+    assert table3.PAPER["base"] == (4.92, 25.8)
+    assert table3.PAPER["C_dmodel_double"] == (4.66, 26.0)
+    assert table3.PAPER["D_ls2"] == (5.47, 25.7)
+    assert table3.PAPER["E_learned"] == (4.92, 25.7)
+    assert len(table3.PAPER) == 19
+
+
+def test_without_base_seeds_there_is_no_noise_estimate():
+    assert table3.verdict(-1.0, -0.9, None) == "no noise estimate"
+    assert table3.verdict(-1.0, -0.9, 0.5) == "same direction"
+    assert table3.verdict(0.4, -0.9, 0.5) == "within noise"
