@@ -46,11 +46,11 @@ def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
         choices = str(values).split(",")
         assert len(choices) >= 2, f"{key}: {values}"
         recipe = ["experiment=multi30k_cpu"]  # the recipe conf/ablation/'s values are set for
+        base = to_schema(compose_train(recipe, tmp_path), TrainConfig)
         for value in choices:
             overrides = [*recipe, f"{key}={value}"]
             config = to_schema(compose_train(overrides, tmp_path), TrainConfig)
             if key == "ablation":  # a conf/ablation/ file: it must change the config
-                base = to_schema(compose_train(recipe, tmp_path), TrainConfig)
                 assert (config == base) == (value == "base"), f"ablation={value}"
                 continue
             group, _, name = key.partition(".")
@@ -189,3 +189,22 @@ def test_group_files_list_only_what_differs_from_the_schema(group):
                 assert key in base, f"{group}/{option}.yaml: unknown key {key}"
                 if key not in ("source", "strategy", "schedule"):
                     assert base[key] != value, f"{group}/{option}.yaml: {key}={value} is default"
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_warned_before_any_work(tmp_path, caplog):
+    import logging
+
+    import torch
+
+    from aiayn.training.run import validate
+
+    overrides = ["trainer.precision=bf16-mixed", "trainer.accelerator=cpu"]
+    with caplog.at_level(logging.WARNING, logger="aiayn.training.run"):
+        validate(compose_train(overrides, output_dir=tmp_path))
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    warned = "without native bfloat16" in caplog.text and "32-true" in caplog.text
+    assert warned != native, caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aiayn.training.run"):
+        validate(compose_train(["trainer.accelerator=cpu"], output_dir=tmp_path))
+    assert "bfloat16" not in caplog.text
