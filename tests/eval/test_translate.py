@@ -147,6 +147,12 @@ def test_input_and_output_the_same_file_is_refused(ckpt, sources, tmp_path):
     with pytest.raises(TranslationError, match="same file"):
         run(compose_config("translate", overrides, tmp_path))
     assert src.read_text() == sources[0] + "\n"
+    linked = tmp_path / "hardlink.txt"  # another name for the same file
+    linked.hardlink_to(src)
+    overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={linked}", "device=cpu"]
+    with pytest.raises(TranslationError, match="same file"):
+        run(compose_config("translate", overrides, tmp_path))
+    assert src.read_text() == sources[0] + "\n"
 
 
 def test_required_and_unknown_keys(tmp_path):

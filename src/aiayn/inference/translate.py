@@ -9,6 +9,7 @@ the config on top (`decode=beam`, `+decode.beam_size=8`).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -84,12 +85,23 @@ def _open(path: str, mode: str) -> Iterator[Any]:
         yield file
 
 
+def _same_file(source: str, target: str) -> bool:
+    """Whether writing `target` would overwrite `source` (same path, symlink or hard link)."""
+    if "-" in (source, target):
+        return False
+    if Path(source).resolve() == Path(target).resolve():
+        return True
+    return Path(source).exists() and Path(target).exists() and os.path.samefile(source, target)
+
+
 def run(cfg: DictConfig | dict) -> int:
     """What `python translate.py` does; returns the number of lines translated."""
     config = to_schema(cfg, TranslateConfig)
-    same = "-" not in (config.input, config.output)
-    if same and Path(config.input).resolve() == Path(config.output).resolve():
-        raise TranslationError(f"input and output are the same file ({config.input})")
+    if _same_file(config.input, config.output):
+        raise TranslationError(
+            f"input {config.input} and output {config.output} are the same file (a path, link "
+            "or hard link to it): writing would truncate the input; choose another output"
+        )
     loaded = load_checkpoint(config.ckpt_path, config.device, config.tokenizer)  # type: ignore[arg-type]
     translator = loaded.with_settings(config.decode, config.on_long)
     source = "<stdin>" if config.input == "-" else config.input
