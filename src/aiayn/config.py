@@ -13,7 +13,7 @@ lives next to the code it configures (`ModelConfig` in model/, `DataConfig` in d
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
@@ -106,15 +106,12 @@ class TrainConfig:
                 "'callbacks=[default,average]' or set test_ckpt=best"
             )
         try:
-            replace(self.decode, **self.val_decode)
-        except (TypeError, ValueError) as error:
-            raise ConfigError(f"val_decode: {error}".replace("DecodeConfig.", "decode.")) from None
+            self.decode.updated(self.val_decode)
+        except ValueError as error:
+            raise ConfigError(str(error).replace("DecodeConfig.", "val_decode.")) from None
         check_trainer_kwargs(self.trainer)
         if self.ckpt_path is not None and not Path(self.ckpt_path).is_file():
             raise ConfigError(f"ckpt_path={self.ckpt_path!r} is not a file; give a .ckpt to resume")
-
-
-ON_LONG = ("truncate", "fail")
 
 
 def _check_inference(ckpt_path: str | None, batch_size: int, on_long: str) -> None:
@@ -125,6 +122,8 @@ def _check_inference(ckpt_path: str | None, batch_size: int, on_long: str) -> No
         )
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
+    from aiayn.inference.translator import ON_LONG
+
     if on_long not in ON_LONG:
         raise ConfigError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
 

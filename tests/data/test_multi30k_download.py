@@ -285,12 +285,11 @@ def test_a_missing_unknown_split_lists_what_can_be_downloaded(
 
 def test_a_tampered_file_in_the_download_dir_is_refused(release: Server, make_cfg: MakeCfg) -> None:
     cfg = make_cfg()
-    source = get_source(cfg)
-    source.read("val")
+    get_source(cfg).read("val")
     (download_dir(cfg) / "val.en").write_text("edited\n", encoding="utf-8")
     count = len(release.requests)
     with pytest.raises(DataError, match=r"val\.en is not the Multi30k release file .*val\.en\.gz"):
-        source.read("val")
+        get_source(cfg).read("val")  # a later run: its source checks the files again
     assert len(release.requests) == count
 
 
@@ -302,3 +301,19 @@ def test_the_checksums_match_the_shared_copy(multi30k_root: Path) -> None:
     assert len(m30k.CHECKSUMS) == 12
     names = m30k.RELEASE_NAMES.values()
     assert set(m30k.CHECKSUMS) == {f"{name}.{lang}" for name in names for lang in LANGS}
+
+
+def test_reading_every_split_checks_each_downloaded_file_once(
+    release: Server, make_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = make_cfg()
+    get_source(cfg).files()  # download train/val/test2016, en and de
+    hashed: list[str] = []
+    real = m30k.sha256_file
+    monkeypatch.setattr(m30k, "sha256_file", lambda path: hashed.append(path.name) or real(path))
+    source = get_source(cfg)
+    for role in ("train", "val", "test"):
+        source.read(role)
+    assert sorted(hashed) == sorted(
+        f"{s}.{lang}" for s in ("train", "val", "test2016") for lang in LANGS
+    )

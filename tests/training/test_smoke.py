@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from aiayn.config import CONF_DIR, TrainConfig, to_schema
+from aiayn.config import CONF_DIR
 from tests.helpers import cli, cli_overrides, compose_train, run_dirs
 
 TOY = ["data.toy_train_size=300", "data.toy_val_size=20", "data.toy_test_size=20"]
@@ -25,25 +25,23 @@ def test_train_cli_fast_dev_run_writes_metrics(tmp_path):
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_shipped_experiment_validates_and_builds(experiment, tmp_path, multi30k_root):
-    """Each recipe composes, passes every run-level check, and its trainer and model build
-    with the recipe's settings (WMT recipes: vocabulary as the paper's shared 37k BPE; the
-    accelerator is this machine's CPU)."""
+def test_every_shipped_experiment_validates_and_builds(experiment, tmp_path):
+    """Each recipe composes, passes every run-level check (no data is read: the Multi30k root
+    need not exist), and its trainer and model build with the recipe's settings (vocabulary:
+    the paper's shared 37k BPE; the accelerator: this machine's CPU)."""
     from dataclasses import replace
 
+    from aiayn.callbacks import AverageCheckpoints
     from aiayn.model import Transformer
     from aiayn.training.run import build_trainer, validate
 
-    overrides = [
-        f"experiment={experiment}",
-        f"data.root={multi30k_root}",
-        "trainer.accelerator=cpu",
-    ]
-    cfg = compose_train([*overrides, f"data.cache_dir={tmp_path / 'cache'}"], tmp_path)
-    config = validate(cfg)
-    assert config == to_schema(cfg, TrainConfig)
+    overrides = [f"experiment={experiment}", "trainer.accelerator=cpu"]
+    overrides += ["data.root=/nonexistent", f"data.cache_dir={tmp_path / 'cache'}"]
+    config = validate(compose_train(overrides, tmp_path))
     trainer = build_trainer(config)
     assert trainer.max_steps == config.trainer["max_steps"]
+    averaging = [c for c in trainer.callbacks if isinstance(c, AverageCheckpoints)]
+    assert bool(averaging) == (config.test_ckpt == "averaged")  # the recipe's final-model rule
     model = Transformer(replace(config.model, src_vocab_size=37000, tgt_vocab_size=37000))
     total = sum(p.numel() for p in model.parameters())
     expected = {"paper_base": 63.1e6, "paper_big": 214.2e6}.get(experiment)

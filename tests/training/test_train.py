@@ -225,20 +225,17 @@ def test_a_failing_job_still_finishes_its_wandb_run(tmp_path):
 
 
 def test_validation_decodes_with_val_decode_on_top_of_decode():
-    from dataclasses import asdict, replace
+    from dataclasses import asdict
 
-    from aiayn.model import ModelConfig
+    from aiayn.model import DecodeConfig, ModelConfig
 
-    model = ModelConfig(50, 50, d_model=16, num_heads=2, num_encoder_layers=1)
-    model.num_decoder_layers, model.d_ff = 1, 32
+    model = asdict(ModelConfig(50, 50, d_model=16, num_heads=2, num_encoder_layers=1))
+    decode = {"strategy": "beam", "beam_size": 3}
     module = TranslationModule(
-        model=asdict(model),
-        optim={},
-        decode={"strategy": "beam", "beam_size": 3},
-        val_decode={"strategy": "greedy", "max_len_b": 5},
+        model=model, optim={}, decode=decode, val_decode={"strategy": "greedy", "max_len_b": 5}
     )
-    expected = replace(module.decode_config, strategy="greedy", max_len_b=5)
-    assert module.val_decode_config == expected
-    assert module.decode_config.strategy == "beam"  # the test split and checkpoints keep it
-    old = TranslationModule(model=asdict(model), optim={}, decode={"strategy": "beam"})
-    assert old.val_decode_config == old.decode_config  # checkpoints without val_decode
+    val = module.decode_settings("val")
+    assert (val.strategy, val.beam_size, val.max_len_b) == ("greedy", 3, 5)
+    assert module.decode_settings("test") == DecodeConfig(**decode)  # and in checkpoints
+    old = TranslationModule(model=model, optim={}, decode=decode)  # saved without val_decode
+    assert old.decode_settings("val") == old.decode_settings("test") == DecodeConfig(**decode)

@@ -12,7 +12,6 @@ warning naming its file and line (`on_long='truncate'`) or raises `LongLineError
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -38,11 +37,9 @@ class LongLineError(TranslationError):
 
 
 def decode_config(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig:
-    """`base` (e.g. a checkpoint's settings) with `overrides` on top; ConfigError names the key."""
+    """`base.updated(overrides)` with errors as ConfigError naming the `decode.<key>`."""
     try:
-        return DecodeConfig(**{**asdict(base), **overrides})
-    except TypeError as error:  # an unknown key
-        raise ConfigError(f"decode: {error}; keys: {', '.join(asdict(base))}") from None
+        return base.updated(overrides)
     except ValueError as error:
         raise ConfigError(str(error).replace("DecodeConfig.", "decode.")) from None
 

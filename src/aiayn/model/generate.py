@@ -15,7 +15,9 @@ of them (as fairseq); decoding stops as soon as every sentence is finished.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +43,15 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def updated(self, overrides: Mapping[str, Any]) -> DecodeConfig:
+        """A validated copy with `overrides` on top (e.g. a checkpoint's settings plus the
+        command line's); ValueError names an unknown key or a bad value."""
+        keys = [f.name for f in fields(self)]
+        unknown = sorted(set(overrides) - set(keys))
+        if unknown:
+            raise ValueError(f"DecodeConfig.{unknown[0]} is not a setting; keys: {', '.join(keys)}")
+        return replace(self, **overrides)
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""

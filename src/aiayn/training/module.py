@@ -9,7 +9,6 @@ samples and attention images are callbacks (`aiayn.callbacks`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -54,7 +53,7 @@ class TranslationModule(L.LightningModule):
         self.model_config = ModelConfig(**model)
         self.optim_config = OptimConfig(**optim)
         self.decode_config = DecodeConfig(**decode)
-        self.val_decode_config = replace(self.decode_config, **(val_decode or {}))
+        self.val_decode_config = self.decode_config.updated(val_decode or {})
         self.model = Transformer(self.model_config)
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
@@ -125,14 +124,18 @@ class TranslationModule(L.LightningModule):
         self.nll[split].update(nll, weight=batch.tgt_out.ne(self.model_config.pad_id).sum())
         if not self._scores_bleu(split):
             return {}
-        decode = self.val_decode_config if split == "val" else self.decode_config
-        hyps = self.translator.translate_batch(batch.src, decode)
+        hyps = self.translator.translate_batch(batch.src, self.decode_settings(split))
         refs = self.trainer.datamodule.references(split)
         refs = [refs[i] for i in batch.ids.tolist()]
         if self.translator.tokenizers.lowercases("tgt"):  # the model cannot produce capitals
             refs = [r.lower() for r in refs]
         self.bleu[split].update(hyps, [[r] for r in refs])
         return {"hypotheses": hyps}
+
+    def decode_settings(self, split: str) -> DecodeConfig:
+        """Validation decodes with `val_decode` on top of `decode`; the test split (and every
+        checkpoint's users) with `decode`."""
+        return self.val_decode_config if split == "val" else self.decode_config
 
     def _scores_bleu(self, split: str) -> bool:
         return split == "test" or self.hparams.val_bleu

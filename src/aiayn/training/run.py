@@ -1,8 +1,8 @@
 """`run(cfg)`: what `python train.py` does, as a library function.
 
 Validate the composed config, prepare the data (tokenizer + binarized cache), build the
-module, trainer, loggers and callbacks, fit, test the best checkpoint, and write
-`metrics.json` into the run directory.
+module, trainer, loggers and callbacks, fit, test the checkpoint `test_ckpt` names (best,
+last or averaged), and write `metrics.json` into the run directory.
 """
 
 from __future__ import annotations

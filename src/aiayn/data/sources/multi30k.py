@@ -12,6 +12,7 @@ partial or interrupted download is never used.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import http.client
@@ -124,7 +125,12 @@ class Multi30kSource(FileSource):
 
     def files(self) -> dict[str, list[Path]]:
         """Role -> [src, tgt] files; downloads (once) the release files a run needs that are
-        not yet in the download dir, and checks those already there against `CHECKSUMS`."""
+        not yet in the download dir, and checks those already there against `CHECKSUMS`
+        (once per source object: reading three splits hashes each file once)."""
+        return self._resolved_files
+
+    @functools.cached_property
+    def _resolved_files(self) -> dict[str, list[Path]]:
         root, langs, plan = Path(self.cfg.root or ""), self._langs(), self._plan()
         release = [
             (split, lang) for split, from_release in plan.values() if from_release for lang in langs
