@@ -1,9 +1,11 @@
 """python evaluate.py ckpt_path=... [data=...] [split=test] [decode=beam]   (conf/eval.yaml)"""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import register
+from aiayn.config import check_edits_of_unset_group, register
 from aiayn.errors import exit_on_error
 
 register()
@@ -18,4 +20,6 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    why = "the data settings are the checkpoint's run's; split=val|test picks one of its splits"
+    exit_on_error(check_edits_of_unset_group)(sys.argv[1:], "data", why)
     main()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aiayn.data.config import ROLES, DataConfig
@@ -114,12 +114,24 @@ class TrainConfig:
             raise ConfigError(f"ckpt_path={self.ckpt_path!r} is not a file; give a .ckpt to resume")
 
 
-def _check_inference(ckpt_path: str | None, batch_size: int, on_long: str) -> None:
+def _check_inference(config: TranslateConfig | EvalConfig) -> None:
     """The checks `translate` and `evaluate` share; ConfigError names the key."""
-    if not ckpt_path:
+    from aiayn.inference.ct2 import COMPUTE_TYPES, ENGINES
+
+    if not config.ckpt_path and not (config.engine == "ctranslate2" and config.ct2_path):
         raise ConfigError(
-            "ckpt_path is required: ckpt_path=logs/train/runs/<ts>/checkpoints/best.ckpt"
+            "ckpt_path is required: ckpt_path=logs/train/runs/<ts>/checkpoints/best.ckpt "
+            "(or engine=ctranslate2 ct2_path=<exported dir>)"
         )
+    if config.engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {config.engine!r}")
+    if config.ct2_path and config.engine != "ctranslate2":
+        raise ConfigError("ct2_path is a CTranslate2 export: add engine=ctranslate2")
+    if config.ct2_compute_type not in COMPUTE_TYPES:
+        raise ConfigError(
+            f"ct2_compute_type must be one of {COMPUTE_TYPES}, got {config.ct2_compute_type!r}"
+        )
+    batch_size, on_long = config.batch_size, config.on_long
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
     from aiayn.inference.translator import ON_LONG
@@ -140,11 +152,14 @@ class TranslateConfig:
     batch_size: int = 32  # lines per batch (1 when reading a terminal)
     on_long: str = "truncate"
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda:1', ...
+    engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
+    ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
+    ct2_compute_type: str = "default"  # 'int8' quantizes on load
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "translate"
 
     def __post_init__(self) -> None:
-        _check_inference(self.ckpt_path, self.batch_size, self.on_long)
+        _check_inference(self)
 
 
 @dataclass
@@ -159,11 +174,14 @@ class EvalConfig:
     batch_size: int = 64
     on_long: str = "truncate"
     device: str = "auto"
+    engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
+    ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
+    ct2_compute_type: str = "default"  # 'int8' quantizes on load
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "eval"
 
     def __post_init__(self) -> None:
-        _check_inference(self.ckpt_path, self.batch_size, self.on_long)
+        _check_inference(self)
         if self.split not in ROLES:
             raise ConfigError(f"split must be one of {ROLES}, got {self.split!r}")
 
@@ -189,6 +207,37 @@ class VisualizeConfig:
 
 
 @dataclass
+class ExportConfig:
+    """Everything `python -m aiayn.export` reads (conf/export.yaml)."""
+
+    ckpt_path: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
+    format: str = "ctranslate2"
+    output_dir: Optional[str] = None  # noqa: UP045
+    quantization: str = "float32"  # int8, int8_float32, int8_float16, float16, bfloat16
+    force: bool = False  # replace an existing output_dir
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    task_name: str = "export"
+
+    def __post_init__(self) -> None:
+        from aiayn.export.ctranslate2 import QUANTIZATIONS
+
+        if not self.ckpt_path or not self.output_dir:
+            raise ConfigError(
+                "ckpt_path and output_dir are required: "
+                "python -m aiayn.export ckpt_path=<ckpt> output_dir=<dir>"
+            )
+        if self.format not in EXPORT_FORMATS:
+            raise ConfigError(f"format must be one of {EXPORT_FORMATS}, got {self.format!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+
+
+EXPORT_FORMATS = ("ctranslate2",)
+
+
+@dataclass
 class PrepareConfig:
     """Everything `python -m aiayn.data.prepare` reads (conf/prepare.yaml)."""
 
@@ -203,6 +252,7 @@ SCHEMAS = {
     "translate_schema": TranslateConfig,
     "visualize_schema": VisualizeConfig,
     "prepare_schema": PrepareConfig,
+    "export_schema": ExportConfig,
 }
 
 
@@ -258,15 +308,52 @@ def resume_run_dir(ckpt_path: str | None, default: str) -> str:
     return default
 
 
+def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> None:
+    """Refuse `group.key=value` when the command line picks no `group=<option>` and the
+    command's config leaves `group` unset (null), before Hydra composes anything (Hydra would
+    stop with an internal assertion); `why` says where the settings come from instead."""
+    chosen = any(arg.lstrip("+~").startswith(f"{group}=") for arg in overrides)
+    for arg in overrides:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if key.startswith(f"{group}.") and not chosen:
+            raise ConfigError(
+                f"{arg}: no {group} config is chosen on this command line ({why}); "
+                f"pick one to edit it, e.g. {group}=<option> {arg.lstrip('+')}"
+            )
+
+
+def accumulate_for(
+    tokens_per_update: int, max_tokens: int, devices: Any, num_nodes: int = 1
+) -> int:
+    """Gradient-accumulation steps so that max_tokens x devices x num_nodes x accumulation is
+    about `tokens_per_update` (the paper: ~25 000 per side), whatever the device count.
+
+    `devices` is Lightning's `trainer.devices`: a count, a list of device ids, or 'auto'/-1
+    (all visible GPUs, or one process on CPU)."""
+    if isinstance(devices, int) and devices > 0:
+        count = devices
+    elif isinstance(devices, (list, tuple, ListConfig)):
+        count = len(devices)
+    elif isinstance(devices, str) and devices.isdigit() and int(devices) > 0:
+        count = int(devices)
+    else:
+        import torch
+
+        count = max(torch.cuda.device_count(), 1)
+    return max(1, round(tokens_per_update / (max_tokens * count * num_nodes)))
+
+
 def register() -> None:
-    """Store the command schemas in Hydra's ConfigStore and register the `aiayn_run_dir`
-    resolver; every entry point (and test composing configs) calls this first."""
+    """Store the command schemas in Hydra's ConfigStore and register the `aiayn_run_dir` and
+    `aiayn_accumulate` resolvers; every entry point (and test composing configs) calls this
+    first."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         store.store(name=name, node=schema)
     OmegaConf.register_new_resolver("aiayn_run_dir", resume_run_dir, replace=True)
+    OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
 
 
 def plain(obj: Any) -> Any:

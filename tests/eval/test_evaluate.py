@@ -84,6 +84,18 @@ def test_cli_missing_checkpoint_and_unknown_key(tmp_path):
         run(compose_config("eval", ["ckpt_path=x.ckpt", "+splitt=val"], tmp_path))
 
 
+@pytest.mark.parametrize("edit", ["data.test_split=val", "+data.max_len=64"])
+def test_cli_editing_the_runs_data_without_choosing_data_is_named(edit, tmp_path):
+    args = [f"ckpt_path={tmp_path / 'missing.ckpt'}", edit, f"paths.log_dir={tmp_path}"]
+    proc = cli(args, tmp_path, "evaluate.py")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"error: {edit}: no data config is chosen" in proc.stderr
+    assert "split=val|test" in proc.stderr and "data=<option>" in proc.stderr
+    args[1] = edit.lstrip("+")  # with data=<option>, the edit goes through
+    chosen = cli([*args, "data=toy"], tmp_path, "evaluate.py")
+    assert chosen.returncode == 1 and "missing.ckpt not found" in chosen.stderr
+
+
 @pytest.mark.parametrize("lang", ["en", "de"])
 def test_moses_tokenize_reproduces_the_published_tokenized_multi30k(multi30k_root, lang):
     raw = (multi30k_root / f"test2016.{lang}").read_text(encoding="utf-8").splitlines()

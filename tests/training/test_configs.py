@@ -77,6 +77,55 @@ def test_paper_presets_match_the_paper(tmp_path):
     assert (big.d_model, big.d_ff, big.num_heads, big.dropout) == (1024, 4096, 16, 0.3)
 
 
+# The paper's numbers (Sections 3, 5 and 6.1): model, updates, checkpoint averaging (the last
+# 5 / 20 checkpoints written every 10 minutes at 0.4 / 1.0 s per update on 8 P100s).
+PAPER_RECIPES = {
+    "paper_base": {"shape": (6, 512, 2048, 8, 0.1), "steps": 100_000, "average": (5, 1500)},
+    "paper_big": {"shape": (6, 1024, 4096, 16, 0.3), "steps": 300_000, "average": (20, 600)},
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(PAPER_RECIPES))
+@pytest.mark.parametrize(
+    ("devices", "max_tokens"), [(1, None), (2, None), (4, None), (8, 3125), ("[0,1,2,3]", None)]
+)
+def test_paper_recipes_carry_the_whole_paper_recipe(experiment, devices, max_tokens, tmp_path):
+    paper = PAPER_RECIPES[experiment]
+    overrides = [f"experiment={experiment}", f"trainer.devices={devices}"]
+    overrides += [f"data.max_tokens={max_tokens}"] if max_tokens else []
+    config = to_schema(compose_train(overrides, output_dir=tmp_path), TrainConfig)
+    model, optim, data, trainer = config.model, config.optim, config.data, config.trainer
+    layers = (model.num_encoder_layers, model.num_decoder_layers)
+    shape = (model.d_model, model.d_ff, model.num_heads, model.dropout)
+    assert (layers[0], *shape) == paper["shape"] and layers[0] == layers[1]
+    assert (model.norm_first, model.positional, model.head_dim) == (False, "sinusoidal", None)
+    assert model.share_embeddings == "all" and data.tokenizer.joint
+    assert data.tokenizer.vocab_size == 37000
+    assert (optim.schedule, optim.lr, optim.warmup_steps) == ("noam", 1.0, 4000)
+    assert (list(optim.betas), optim.eps, optim.label_smoothing) == ([0.9, 0.98], 1e-9, 0.1)
+    count = devices if isinstance(devices, int) else len(devices.strip("[]").split(","))
+    per_update = data.max_tokens * count * trainer["accumulate_grad_batches"]
+    assert per_update == 25_000, f"{per_update} tokens per side per update on {count} devices"
+    assert (trainer["max_steps"], trainer["max_epochs"]) == (paper["steps"], -1)
+    average = config.callbacks["average"]
+    assert (average["last"], average["every_n_steps"]) == paper["average"]
+    assert config.test_ckpt == "averaged"
+    decode = config.decode
+    assert (decode.strategy, decode.beam_size, decode.length_penalty) == ("beam", 4, 0.6)
+    assert (decode.max_len_a, decode.max_len_b) == (1.0, 50)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "max_tokens", "devices", "nodes", "expected"),
+    [(25000, 6250, 1, 1, 4), (25000, 6250, 2, 1, 2), (25000, 6250, 2, 2, 1), (9000, 4096, 1, 1, 2)],
+)
+def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, nodes, expected):
+    from aiayn.config import accumulate_for
+
+    assert accumulate_for(tokens, max_tokens, devices, nodes) == expected
+    assert accumulate_for(tokens, max_tokens, [0] * devices, nodes) == expected
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -29,7 +29,8 @@ from aiayn.config import EvalConfig, to_schema
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
 from aiayn.errors import ConfigError
-from aiayn.inference.checkpoint import load_checkpoint
+from aiayn.inference.ct2 import load_translator
+from aiayn.inference.translator import Translator
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,19 @@ def run_data_config(ckpt_path: str | Path) -> DataConfig:
         f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
         "corpus, e.g. data=multi30k"
     )
+
+
+def _data_of(ckpt_path: str | None, translator: Translator) -> DataConfig:
+    """The run's data config: beside the checkpoint, or stored in a CTranslate2 export."""
+    if ckpt_path:
+        return run_data_config(ckpt_path)
+    stored = getattr(translator, "metadata", {}).get("data")
+    if stored is None:
+        raise ConfigError(
+            "data is not set and the export carries no run data config: choose the corpus, "
+            "e.g. data=multi30k"
+        )
+    return to_schema(stored, DataConfig)
 
 
 def moses_tokenize(lines: list[str], lang: str) -> list[str]:
@@ -81,10 +95,15 @@ def score(
 def run(cfg: DictConfig | dict) -> dict[str, Any]:
     """What `python evaluate.py` does; returns what it writes to `<output_dir>/bleu.json`."""
     config = to_schema(cfg, EvalConfig)
-    assert config.ckpt_path is not None  # checked by EvalConfig
-    data = config.data or run_data_config(config.ckpt_path)
-    translator = load_checkpoint(config.ckpt_path, config.device)
+    translator = load_translator(
+        config.ckpt_path,
+        config.device,
+        engine=config.engine,
+        ct2_path=config.ct2_path,
+        ct2_compute_type=config.ct2_compute_type,
+    )
     translator = translator.with_settings(config.decode, config.on_long)
+    data = config.data or _data_of(config.ckpt_path, translator)
     sources, references = read_split(data, config.split)
     lowercased = translator.tokenizers.lowercases("tgt")
     if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
@@ -101,7 +120,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         "split": config.split,
         "references_lowercased": lowercased,
         "num_sentences": len(hypotheses),
-        "checkpoint": str(Path(config.ckpt_path).resolve()),
+        "checkpoint": str(Path(config.ckpt_path).resolve()) if config.ckpt_path else None,
+        "engine": config.engine,
         "hypotheses": str(hyp_path),
         "decode": asdict(translator.decode),
     }

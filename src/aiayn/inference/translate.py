@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from aiayn.config import TranslateConfig, to_schema
 from aiayn.errors import TranslationError
-from aiayn.inference.checkpoint import load_checkpoint
+from aiayn.inference.ct2 import load_translator
 from aiayn.inference.translator import LongLineError, Translator
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,14 @@ def run(cfg: DictConfig | dict) -> int:
             f"input {config.input} and output {config.output} are the same file (a path, link "
             "or hard link to it): writing would truncate the input; choose another output"
         )
-    loaded = load_checkpoint(config.ckpt_path, config.device, config.tokenizer)  # type: ignore[arg-type]
+    loaded = load_translator(
+        config.ckpt_path,
+        config.device,
+        config.tokenizer,
+        config.engine,
+        config.ct2_path,
+        config.ct2_compute_type,
+    )
     translator = loaded.with_settings(config.decode, config.on_long)
     source = "<stdin>" if config.input == "-" else config.input
     with _open(config.input, "r") as src, _open(config.output, "w") as out:

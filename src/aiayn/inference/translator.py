@@ -58,7 +58,11 @@ class Translator:
         if on_long not in ON_LONG:
             raise ConfigError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
         self.model, self.tokenizers, self.decode, self.on_long = model, tokenizers, decode, on_long
-        self.max_src_tokens = model.config.max_positions - 1
+        self.max_src_tokens = self.max_positions - 1
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.config.max_positions
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,32 @@
+"""`python -m aiayn.export ckpt_path=<ckpt> output_dir=<dir> [format=ctranslate2]
+[quantization=int8] [force=true]` (conf/export.yaml): a CTranslate2 model directory that
+`translate.py engine=ctranslate2 ct2_path=<dir>` and `evaluate.py` decode with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from aiayn.config import CONF_DIR, ExportConfig, register, to_schema
+from aiayn.errors import exit_on_error
+from aiayn.export.ctranslate2 import export
+
+
+def run(cfg: DictConfig | dict) -> Path:
+    """Convert; returns the directory written."""
+    config = to_schema(cfg, ExportConfig)
+    directory = export(config.ckpt_path, config.output_dir, config.quantization, config.force)  # type: ignore[arg-type]
+    size = sum(p.stat().st_size for p in directory.iterdir()) / 2**20
+    print(f"{config.format} model ({config.quantization}, {size:.1f} MiB) in {directory}")
+    return directory
+
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
+@exit_on_error
+def main(cfg: DictConfig) -> None:
+    run(cfg)

@@ -1,0 +1,260 @@
+"""Convert an aiayn checkpoint to a CTranslate2 model directory (the engine OpenNMT, fairseq
+and Hugging Face users deploy with), and find or make the cached conversion of a checkpoint.
+
+Every `ModelConfig` converts exactly: post- and pre-norm, sinusoidal and learned positions
+(written out as a position table), relu and gelu, any `head_dim`, each `share_embeddings`
+mode, and factorized embeddings (`d_embed`: the projection is folded into a full
+`(V, d_model)` table, which is exact but no longer small). CTranslate2 reads token strings,
+so the vocabulary is the tokenizer's tokens in id order. The directory also holds
+`tokenizer.json` (or the src/tgt pair) and `aiayn.json` (model config, decode settings, the
+run's data config, and the checkpoint's SHA-256), so it translates on its own:
+`translate.py ct2_path=<dir>`.
+
+Needs the optional extra: `pip install -e ".[export]"`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aiayn.data.special import UNK_TOKEN
+from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.model import ModelConfig, Transformer
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
+METADATA = "aiayn.json"
+FORMAT_VERSION = 1
+
+
+def ctranslate2_module() -> Any:
+    """The `ctranslate2` module, or a ConfigError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ConfigError(
+            "CTranslate2 is not installed: pip install -e '.[export]' (or pip install ctranslate2)"
+        ) from None
+    return ctranslate2
+
+
+def _np(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
+
+
+def _linear(spec: Any, layer: torch.nn.Linear) -> None:
+    spec.weight = _np(layer.weight)
+    if layer.bias is not None:
+        spec.bias = _np(layer.bias)
+
+
+def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+
+
+def _token_table(token: torch.nn.Module, d_model: int) -> tuple[np.ndarray, bool]:
+    """The `(V, d_model)` input table and whether CTranslate2 must scale it by sqrt(d_model).
+
+    Plain embeddings keep their (possibly tied) matrix and CTranslate2's own scaling; a
+    factorized one is folded: `(E * sqrt(e)) @ P^T`, already scaled."""
+    if token.proj is None:
+        return _np(token.weight), True
+    folded = (token.weight.detach().double() * token.scale) @ token.proj.weight.detach().double().T
+    return folded.float().numpy(), False
+
+
+def _output_table(model: Transformer) -> np.ndarray:
+    """The `(V, d_model)` output projection (`W @ P` when factorized)."""
+    output = model.output
+    if output.proj is None:
+        return _np(output.weight)
+    return (output.weight.detach().double() @ output.proj.weight.detach().double()).float().numpy()
+
+
+def _positions(embedding: torch.nn.Module, config: ModelConfig) -> np.ndarray:
+    """The `(max_positions, d_model)` table added after the token embedding."""
+    return _np(embedding.positional(config.max_positions, 0))
+
+
+def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -> Any:
+    """The CTranslate2 `TransformerSpec` of `model`, weights set, the vocabularies (token
+    strings in id order, specials at the model's ids) registered."""
+    ctranslate2_module()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    config = model.config
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+    common = {
+        "pre_norm": config.norm_first,
+        "activation": activation[config.activation],
+        "head_dim": config.head_dim,
+    }
+    encoder = transformer_spec.TransformerEncoderSpec(
+        config.num_encoder_layers, config.num_heads, **common
+    )
+    decoder = transformer_spec.TransformerDecoderSpec(
+        config.num_decoder_layers, config.num_heads, **common
+    )
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = model.encoder.layers[0].norm1.eps
+
+    d = config.d_model
+    encoder.embeddings[0].weight, encoder.scale_embeddings = _token_table(model.src_embed.token, d)
+    decoder.embeddings.weight, decoder.scale_embeddings = _token_table(model.tgt_embed.token, d)
+    encoder.position_encodings.encodings = _positions(model.src_embed, config)
+    decoder.position_encodings.encodings = _positions(model.tgt_embed, config)
+    decoder.projection.weight = _output_table(model)
+
+    for layer_spec, layer in zip(encoder.layer, model.encoder.layers, strict=True):
+        attention = layer_spec.self_attention
+        _linear(attention.linear[0], layer.self_attn.qkv_proj)
+        _linear(attention.linear[1], layer.self_attn.out_proj)
+        _norm(attention.layer_norm, layer.norm1)
+        _feed_forward(layer_spec.ffn, layer.ff, layer.norm2)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.layers, strict=True):
+        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _norm(layer_spec.self_attention.layer_norm, layer.norm1)
+        _linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+        _linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+        _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+        _norm(layer_spec.attention.layer_norm, layer.norm2)
+        _feed_forward(layer_spec.ffn, layer.ff, layer.norm3)
+    if config.norm_first:
+        _norm(encoder.layer_norm, model.encoder.norm)
+        _norm(decoder.layer_norm, model.decoder.norm)
+
+    bos, eos = tgt_vocab[config.bos_id], tgt_vocab[config.eos_id]
+    spec.config.bos_token, spec.config.eos_token = bos, eos
+    spec.config.unk_token, spec.config.decoder_start_token = UNK_TOKEN, bos
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
+    return spec
+
+
+def _feed_forward(spec: Any, ff: torch.nn.Module, norm: torch.nn.LayerNorm) -> None:
+    _linear(spec.linear_0, ff.linear1)
+    _linear(spec.linear_1, ff.linear2)
+    _norm(spec.layer_norm, norm)
+
+
+def save_spec(spec: Any, directory: Path, quantization: str = "float32") -> None:
+    """Validate, quantize (unless float32) and write `spec` into `directory`."""
+    spec.validate()
+    spec.optimize(quantization=None if quantization == "float32" else quantization)
+    spec.save(str(directory))
+
+
+def vocabulary(tokenizers: Tokenizers, side: str) -> list[str]:
+    """The tokens of `side` in id order (CTranslate2's vocabulary)."""
+    tokenizer = tokenizers.src if side == "src" else tokenizers.tgt
+    by_id = {i: token for token, i in tokenizer.get_vocab(with_added_tokens=True).items()}
+    size = tokenizer.get_vocab_size()
+    missing = [i for i in range(size) if i not in by_id]
+    if missing:
+        raise CheckpointError(f"the {side} tokenizer has no token for id {missing[0]}")
+    return [by_id[i] for i in range(size)]
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def export(
+    ckpt_path: str | Path,
+    output_dir: str | Path,
+    quantization: str = "float32",
+    force: bool = False,
+) -> Path:
+    """Convert the checkpoint to a CTranslate2 directory at `output_dir` (written beside it
+    and renamed into place, so a failed conversion leaves nothing half-written)."""
+    from aiayn.inference.checkpoint import load_checkpoint
+    from aiayn.inference.evaluation import run_data_config
+
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    ctranslate2_module()
+    ckpt_path, output_dir = Path(ckpt_path), Path(output_dir)
+    if output_dir.exists() and not force:
+        raise ConfigError(
+            f"output_dir {output_dir} exists: choose another, or set force=true to replace it"
+        )
+    translator = load_checkpoint(ckpt_path, device="cpu")
+    tokenizers = translator.tokenizers
+    vocabularies = vocabulary(tokenizers, "src"), vocabulary(tokenizers, "tgt")
+    spec = model_spec(translator.model, *vocabularies)
+    try:
+        data = asdict(run_data_config(ckpt_path))
+    except ConfigError:
+        data = None  # a checkpoint outside its run directory: evaluate then needs data=...
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "checkpoint": str(ckpt_path.resolve()),
+        "checkpoint_sha256": file_digest(ckpt_path),
+        "quantization": quantization,
+        "model": asdict(translator.model.config),
+        "decode": asdict(translator.decode),
+        "data": data,
+    }
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        save_spec(spec, staging, quantization)
+        translator.tokenizers.save(staging)
+        (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        staging.rename(output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def cached_export(ckpt_path: str | Path) -> Path:
+    """The float32 conversion of `ckpt_path`, kept beside it in `<ckpt>.ct2/`; converted on
+    first use and again whenever the checkpoint's bytes change (e.g. last.ckpt rewritten)."""
+    ckpt_path = Path(ckpt_path)
+    if not ckpt_path.is_file():
+        raise CheckpointError(
+            f"checkpoint {ckpt_path} not found: give ckpt_path=<run dir>/checkpoints/best.ckpt"
+        )
+    cache = ckpt_path.with_name(ckpt_path.name + ".ct2")
+    if cache.is_dir():
+        try:
+            stored = read_metadata(cache).get("checkpoint_sha256")
+        except CheckpointError:
+            stored = None
+        if stored == file_digest(ckpt_path):
+            return cache
+    return export(ckpt_path, cache, force=True)
+
+
+def read_metadata(directory: str | Path) -> dict[str, Any]:
+    """`aiayn.json` of an exported directory; CheckpointError if it is not one."""
+    path = Path(directory) / METADATA
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} is not a CTranslate2 export of aiayn (no {METADATA}); write one with "
+            "python -m aiayn.export ckpt_path=<ckpt> output_dir=<dir>"
+        )
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: format_version {metadata.get('format_version')!r} is not "
+            f"{FORMAT_VERSION}; export the checkpoint again"
+        )
+    return metadata

@@ -1,0 +1,139 @@
+"""`CT2Translator`: a `Translator` whose decoding runs in CTranslate2 (`engine=ctranslate2`).
+
+Everything around decoding (tokenizing, length limits, blank lines, length-sorted batches) is
+the PyTorch `Translator`'s, so both engines read and write the same lines. Greedy decoding
+gives the same tokens as the PyTorch decoder (tested), up to float rounding; beam search
+differs in one documented way: CTranslate2 normalises a hypothesis' score by
+`length ** length_penalty`, not by GNMT's `((5 + length) / 6) ** length_penalty`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import ConfigError
+from aiayn.export.ctranslate2 import ctranslate2_module, read_metadata, vocabulary
+from aiayn.inference.translator import Translator, decode_config
+from aiayn.model import DecodeConfig, Hypothesis, ModelConfig
+from aiayn.model.generate import max_output_lengths
+
+ENGINES = ("torch", "ctranslate2")
+COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_float16")
+COMPUTE_TYPES += ("int8_bfloat16", "int16", "float16", "bfloat16")
+
+
+class CT2Translator(Translator):
+    """Translate with the CTranslate2 model in `directory` (an export: see
+    `aiayn.export.ctranslate2`), on `device` ('cpu', 'cuda' or 'auto'), computing in
+    `compute_type` ('default': as exported; 'int8' quantizes a float32 export on load)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        device: str = "cpu",
+        compute_type: str = "default",
+        decode: DecodeConfig | None = None,
+        on_long: str = "truncate",
+        engine: Any = None,
+    ) -> None:
+        ctranslate2 = ctranslate2_module()
+        if compute_type not in COMPUTE_TYPES:
+            raise ConfigError(
+                f"ct2_compute_type must be one of {COMPUTE_TYPES}, got {compute_type!r}"
+            )
+        metadata = read_metadata(directory)
+        self.directory, self.metadata = Path(directory), metadata
+        self.config = ModelConfig(**metadata["model"])
+        self.tokenizers = Tokenizers.load(directory)
+        self.engine = engine or ctranslate2.Translator(
+            str(directory), device=_device(device), compute_type=compute_type
+        )
+        self.compute_type, self.ct2_device = compute_type, device
+        self.decode = decode or DecodeConfig(**metadata["decode"])
+        super().__init__(None, self.tokenizers, self.decode, on_long)  # type: ignore[arg-type]
+        self.src_tokens = vocabulary(self.tokenizers, "src")
+        self.tgt_ids = {token: i for i, token in enumerate(vocabulary(self.tokenizers, "tgt"))}
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_positions
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")  # token ids stay on the CPU; CTranslate2 owns its device
+
+    def with_settings(
+        self, decode: dict[str, Any] | None = None, on_long: str | None = None
+    ) -> CT2Translator:
+        """A translator on the same loaded engine with `decode` keys on top of this one's."""
+        settings = decode_config(self.decode, decode or {})
+        return CT2Translator(
+            self.directory,
+            self.ct2_device,
+            self.compute_type,
+            settings,
+            on_long or self.on_long,
+            engine=self.engine,
+        )
+
+    def generate(self, src: Tensor, decode: DecodeConfig | None = None) -> list[list[Hypothesis]]:
+        """`src (B, S)` token ids (x + EOS, padded) -> n-best hypotheses per row."""
+        config = decode or self.decode
+        pad = self.config.pad_id
+        rows = [[int(i) for i in row if i != pad] for row in src.tolist()]
+        limits = max_output_lengths([len(r) for r in rows], config, self.max_positions)
+        beam = config.beam_size if config.strategy == "beam" else 1
+        results = self.engine.translate_batch(
+            [[self.src_tokens[i] for i in row] for row in rows],
+            beam_size=beam,
+            num_hypotheses=config.nbest if config.strategy == "beam" else 1,
+            length_penalty=config.length_penalty,
+            max_input_length=0,
+            max_decoding_length=max(limits),
+            min_decoding_length=0,
+            return_scores=True,
+        )
+        out = []
+        for result, limit in zip(results, limits, strict=True):
+            hyps = []
+            for tokens, score in zip(result.hypotheses, result.scores, strict=True):
+                ids = [self.tgt_ids[t] for t in tokens][:limit]
+                hyps.append(Hypothesis(ids, float(score)))
+            out.append(hyps)
+        return out
+
+
+def _device(device: str) -> str:
+    if device in ("auto", "cpu", "cuda"):
+        return device
+    raise ConfigError(f"device={device!r}: engine=ctranslate2 runs on 'cpu', 'cuda' or 'auto'")
+
+
+def load_translator(
+    ckpt_path: str | None,
+    device: str = "auto",
+    tokenizer: str | None = None,
+    engine: str = "torch",
+    ct2_path: str | None = None,
+    ct2_compute_type: str = "default",
+) -> Translator:
+    """The translator `translate.py` and `evaluate.py` use: the checkpoint's Transformer
+    (`engine=torch`), or CTranslate2 on `ct2_path` or on the checkpoint's cached conversion."""
+    from aiayn.export.ctranslate2 import cached_export
+    from aiayn.inference.checkpoint import load_checkpoint
+
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "torch":
+        if ct2_path:
+            raise ConfigError("ct2_path is a CTranslate2 model: add engine=ctranslate2")
+        return load_checkpoint(ckpt_path, device, tokenizer)  # type: ignore[arg-type]
+    if tokenizer is not None:
+        raise ConfigError("tokenizer=... is for engine=torch; an export carries its tokenizer")
+    directory = Path(ct2_path) if ct2_path else cached_export(ckpt_path)  # type: ignore[arg-type]
+    return CT2Translator(directory, device, ct2_compute_type)
