@@ -1,24 +1,33 @@
-"""Decoding speed: aiayn `generate` vs Hugging Face `transformers` `generate()` on a Marian
-model of the same size (random weights), greedy and beam 4, same inputs and output lengths.
+"""Decoding speed: aiayn `generate`, its CTranslate2 export (float32 and int8) and Hugging
+Face `transformers` `generate()` on a Marian model of the same size (random weights), greedy
+and beam 4, same inputs and output lengths.
 
     python benchmarks/decode_speed.py [--d-model 256 --heads 4 --layers 3 --ffn 1024
         --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 5 --threads 2]
 
-Both sides decode exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: a hook
-masks the EOS logit; HF: `eos_token_id=None`), and both keep a key/value cache. Prints
-sentences/s (best of `--repeats` alternating calls after a warm-up) for each strategy side by side.
+Every engine decodes exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: a
+hook masks the EOS logit; HF: `eos_token_id=None`; CTranslate2: min = max decoding length),
+and all keep a key/value cache. Prints the machine, then sentences/s (best of `--repeats`
+alternating calls after a warm-up) for each strategy side by side, and the speed-ups over HF.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers import MarianConfig, MarianMTModel
 
+from aiayn.export.ctranslate2 import ctranslate2_module, model_spec, save_spec
 from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import describe
 
 PAD, EOS = 0, 2
 
@@ -133,21 +142,42 @@ def main() -> None:
 
         return run
 
+    ctranslate2 = ctranslate2_module()
+    vocab = ["<pad>", "<bos>", "<eos>", "<unk>", *(f"w{i}" for i in range(4, args.vocab))]
+    ct2_dir = Path(tempfile.mkdtemp(prefix="ct2-bench-"))
+    save_spec(model_spec(ours, vocab, vocab), ct2_dir)
+    rows = [[vocab[i] for i in row] + ["<eos>"] for row in src.tolist()]
+
+    def ct2(beams: int, compute_type: str) -> Callable[[], object]:
+        engine = ctranslate2.Translator(
+            str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=args.threads
+        )
+
+        def run() -> None:
+            out = engine.translate_batch(
+                rows, beam_size=beams, max_decoding_length=n, min_decoding_length=n
+            )
+            assert all(len(r.hypotheses[0]) == n for r in out)
+
+        return run
+
+    info = describe()
+    print(f"machine: {info['cpu']}, {info['threads']} threads, flags {info['flags']}")
+    print(f"fp32 GEMM peak {info['fp32_gflops']} GFLOP/s, bf16 {info['bf16_gflops']}")
+    print(f"ctranslate2 {ctranslate2.__version__}")
     print(
         f"model d={args.d_model} h={args.heads} layers={args.layers}+{args.layers} "
         f"ffn={args.ffn} vocab={args.vocab}; batch {args.batch_size} x src {args.src_len} -> "
         f"{n} tokens; torch {torch.__version__}, {args.threads} threads"
     )
-    print(f"| {'strategy':<8} | {'aiayn sent/s':>12} | {'HF sent/s':>10} | {'speed-up':>8} |")
-    print(f"|{'-' * 10}|{'-' * 14}|{'-' * 12}|{'-' * 10}|")
+    names = ["aiayn", "CT2 fp32", "CT2 int8", "HF"]
+    header = " | ".join(f"{x} sent/s" for x in names)
+    print(f"| strategy | {header} | aiayn/HF | CT2 int8/HF |")
+    print("|" + "---|" * (len(names) + 3))
     for beams in (1, 4):
-        ours_s, hf_s = best_times([aiayn(beams), hf(beams)], args.repeats)
+        fns = [aiayn(beams), ct2(beams, "float32"), ct2(beams, "int8"), hf(beams)]
+        seconds = best_times(fns, args.repeats)
+        rates = " | ".join(f"{args.batch_size / t:.1f}" for t in seconds)
         name = "greedy" if beams == 1 else f"beam {beams}"
-        print(
-            f"| {name:<8} | {args.batch_size / ours_s:>12.1f} | {args.batch_size / hf_s:>10.1f} "
-            f"| {hf_s / ours_s:>7.2f}x |"
-        )
-
-
-if __name__ == "__main__":
-    main()
+        hf_s = seconds[-1]
+        print(f"| {name} | {rates} | {hf_s / seconds[0]:.2f}x | {hf_s / seconds[2]:.2f}x |")

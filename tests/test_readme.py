@@ -1,5 +1,5 @@
-"""Every command the README shows for train.py, evaluate.py, translate.py and
-`python -m aiayn.visualize` composes, exactly as written, into a valid config; multirun
+"""Every command the README shows for train.py, evaluate.py, translate.py,
+`python -m aiayn.visualize` and `python -m aiayn.export` composes, exactly as written, into a valid config; multirun
 commands also resolve their sweep directory the way Hydra does at launch, before its runtime
 is set (the step where `python train.py -m sweep=heads` once crashed). Running them is the
 smoke and slow layers' job; a README line that no longer parses or validates fails here."""
@@ -18,6 +18,7 @@ from omegaconf import OmegaConf, open_dict
 from aiayn.config import (
     CONF_DIR,
     EvalConfig,
+    ExportConfig,
     TrainConfig,
     TranslateConfig,
     VisualizeConfig,
@@ -31,9 +32,12 @@ ENTRY_POINTS = {
     "evaluate.py": ("eval", EvalConfig),
     "translate.py": ("translate", TranslateConfig),
     "-m aiayn.visualize": ("visualize", VisualizeConfig),
+    "-m aiayn.export": ("export", ExportConfig),
 }
 PLACEHOLDER = re.compile(r"<[^>]+>")
-PATTERN = re.compile(r"python (train\.py|evaluate\.py|translate\.py|-m aiayn\.visualize)(.*)")
+PATTERN = re.compile(
+    r"python (train\.py|evaluate\.py|translate\.py|-m aiayn\.visualize|-m aiayn\.export)(.*)"
+)
 
 
 def readme_commands() -> list[tuple[str, list[str]]]:

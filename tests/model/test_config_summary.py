@@ -127,3 +127,27 @@ def test_format_parameter_summary() -> None:
         row = next(line for line in lines if line.startswith(name + " "))
         assert f"{summary[name]:,}" in row
     assert "100.0%" in next(line for line in lines if line.startswith("total "))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"head_dim": 3}, {"d_embed": 6, "share_embeddings": "none", "tgt_vocab_size": 19}],
+    ids=["plain", "head_dim", "factorized"],
+)
+def test_forward_flops_equal_torchs_count_of_the_real_forward(overrides: dict[str, Any]) -> None:
+    """The closed form against torch's FLOP counter on the real forward pass (matmuls and
+    attention, which the math backend runs as counted matmuls; elementwise work is left out
+    of both)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from aiayn.model.summary import forward_flops
+
+    config = tiny_config(**overrides)
+    model = Transformer(config).eval()
+    src = torch.randint(4, config.src_vocab_size, (3, 7))
+    tgt = torch.randint(4, config.tgt_vocab_size, (3, 5))
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        model(src, tgt)
+    assert forward_flops(config, 3, 7, 5) == counter.get_total_flops()

@@ -84,6 +84,7 @@ def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
         "train/ppl",
         "train/lr",
         "train/tokens_per_sec",
+        "train/mfu",
         "train/grad_norm",
         "val/loss",
         "val/ppl",
@@ -93,6 +94,7 @@ def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
         assert logged[key], key
     bleus = logged["val/bleu"]
     assert bleus[-1] > bleus[0] + 40, bleus
+    assert all(0.0 < mfu < 1.5 for mfu in logged["train/mfu"]), logged["train/mfu"]
 
     # a checkpoint alone is enough to translate: weights, config and tokenizer travel in it;
     # the toy grammar has one right answer, which a model at BLEU > 60 mostly finds
@@ -174,6 +176,7 @@ def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
         "train/loss",
         "train/lr",
         "train/tokens_per_sec",
+        "train/mfu",
         "val/bleu",
         "val/ppl",
         "test/bleu",

@@ -1,7 +1,9 @@
 """`Throughput`: `train/tokens_per_sec`, real (non-padding) source + target tokens per second
-of training time, summed over ranks (validation time does not count), and `train/elapsed_min`,
-wall-clock minutes since this process started fitting (validation included), the x axis of
-the curves in `experiments/`."""
+of training time, summed over ranks (validation time does not count); `train/mfu`, the model
+FLOP utilisation: the step's matrix-product FLOPs (3 x `forward_flops` of the padded batch)
+per second over the matrix-multiply peak measured on this device in the training precision
+at the start of fitting; and `train/elapsed_min`, wall-clock minutes since this process
+started fitting (validation included), the x axis of the curves in `experiments/`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,20 @@ from typing import Any
 
 import lightning as L
 import torch
+
+from aiayn.machine import matmul_flops
+from aiayn.model.summary import forward_flops
+
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
+
+
+def precision_dtype(precision: object) -> torch.dtype:
+    """The dtype matrix products run in under Lightning's `trainer.precision`."""
+    text = str(precision)
+    for prefix, dtype in PRECISION_DTYPES.items():
+        if text.startswith(prefix):
+            return dtype
+    return torch.float32
 
 
 class Throughput(L.Callback):
@@ -20,12 +36,16 @@ class Throughput(L.Callback):
         self.tokens, self.seconds = 0, 0.0
         self._last: float | None = None
         self._start: float | None = None
+        self.peak_flops: float | None = None  # per device, measured at fit start
 
     def mean_rate(self, world_size: int) -> float | None:
         """Mean tokens per second of the run, all ranks (this rank's rate x ranks)."""
         return self.tokens / self.seconds * world_size if self.seconds > 0 else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dtype = precision_dtype(trainer.precision)
+        size = 4096 if pl_module.device.type == "cuda" else 1024
+        self.peak_flops = matmul_flops(dtype, size, 3, pl_module.device)
         self._start = time.perf_counter()
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
@@ -42,6 +62,11 @@ class Throughput(L.Callback):
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
         rate = torch.tensor(tokens / elapsed)
         pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
+        if self.peak_flops:
+            flops = 3 * forward_flops(
+                pl_module.model_config, *batch.src.shape, batch.tgt_in.size(1)
+            )
+            pl_module.log("train/mfu", flops / elapsed / self.peak_flops, batch_size=1)
         minutes = (now - (self._start or now)) / 60.0
         pl_module.log("train/elapsed_min", minutes, batch_size=1, reduce_fx="max")
 

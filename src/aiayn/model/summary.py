@@ -1,8 +1,31 @@
-"""Parameter counts for the console and the loggers."""
+"""Parameter counts and FLOPs for the console, the loggers and the benchmarks."""
 
 from __future__ import annotations
 
 from torch import nn
+
+from aiayn.model.config import ModelConfig
+
+
+def forward_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> int:
+    """Floating-point operations (a multiply-add is 2) of one forward pass over a padded
+    ``(batch, src_len)`` source and ``(batch, tgt_len)`` target: every matrix product,
+    attention's two included, the output projection over the whole vocabulary; elementwise
+    work (norms, softmax, activations) and embedding lookups are left out.
+    A training step (forward + backward) is ~3x this."""
+    d, f, v = config.d_model, config.d_ff, config.tgt_vocab_size
+    a = config.num_heads * (config.head_dim or d // config.num_heads)  # attention width
+    S, T = src_len, tgt_len
+    encoder = S * (3 * d * a + a * d + 2 * d * f) + 2 * S * S * a
+    decoder = T * (3 * d * a + a * d + 2 * d * f) + 2 * T * T * a  # self-attention, FFN
+    decoder += T * (2 * d * a) + S * (2 * d * a) + 2 * T * S * a  # cross: q + out, k/v, attend
+    embed = 0 if config.d_embed is None else (S + 2 * T) * config.d_embed * d  # factor projections
+    per_sentence = (
+        config.num_encoder_layers * encoder + config.num_decoder_layers * decoder + T * d * v
+    )
+    if config.d_embed is not None:
+        per_sentence += T * (config.d_embed - d) * v  # the projection onto V is d_embed wide
+    return 2 * batch * (per_sentence + embed)
 
 
 def parameter_summary(model: nn.Module) -> dict[str, int]:

@@ -76,14 +76,15 @@ class TranslationModule(L.LightningModule):
         """src (B, S), tgt_in (B, T) -> logits (B, T, V); padding masks come from pad ids."""
         return self.model(src, tgt_in)
 
-    def _losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
+    def losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """(label-smoothed loss, NLL), each a mean over the non-padding targets of `batch`."""
         logits = self(batch.src, batch.tgt_in)
         smoothing, pad = self.optim_config.label_smoothing, self.model_config.pad_id
         return label_smoothed_loss(logits, batch.tgt_out, smoothing, pad)
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        loss, nll = self._losses(batch)
+        loss, nll = self.losses(batch)
         size = batch.src.size(0)
         # averaged over ranks, so the DDP curve is the global batch's, not rank 0's share
         self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
@@ -120,7 +121,7 @@ class TranslationModule(L.LightningModule):
         return self._evaluate(batch, "test")
 
     def _evaluate(self, batch: Batch, split: str) -> dict[str, list[str]]:
-        _, nll = self._losses(batch)
+        _, nll = self.losses(batch)
         self.nll[split].update(nll, weight=batch.tgt_out.ne(self.model_config.pad_id).sum())
         if not self._scores_bleu(split):
             return {}

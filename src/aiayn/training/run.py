@@ -27,6 +27,7 @@ from aiayn.config import TrainConfig, plain, to_schema
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.errors import ConfigError
 from aiayn.inference.checkpoint import read_checkpoint
+from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model.summary import format_parameter_summary, parameter_summary
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.module import TranslationModule
@@ -51,9 +52,9 @@ def _warn_emulated_bf16(trainer: dict[str, Any]) -> None:
     precision = str(trainer.get("precision", ""))
     accelerator = str(trainer.get("accelerator", "auto"))
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if "bf16" not in precision or not on_cpu or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if "bf16" not in precision or not on_cpu or bf16_native("cpu"):
         return
-    slowdown = _bf16_slowdown()
+    slowdown = matmul_flops(torch.float32, 192, 3) / matmul_flops(torch.bfloat16, 192, 3)
     log.warning(
         "trainer.precision=%s on a CPU without native bfloat16 (no AVX-512 BF16 / AMX): "
         "matrix products measured %.0fx slower than float32 here, and a training step about "
@@ -61,19 +62,6 @@ def _warn_emulated_bf16(trainer: dict[str, Any]) -> None:
         precision,
         slowdown,
     )
-
-
-def _bf16_slowdown(size: int = 192) -> float:
-    """How many times slower a (size x size) matrix product is in bfloat16 than float32."""
-    timings = []
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(size, size).to(dtype)
-        a @ a  # warm-up
-        start = time.perf_counter()
-        for _ in range(3):
-            a @ a
-        timings.append(time.perf_counter() - start)
-    return timings[1] / max(timings[0], 1e-9)
 
 
 def build_trainer(config: TrainConfig) -> L.Trainer:

@@ -1,0 +1,245 @@
+"""Training speed: one optimizer update of aiayn (the LightningModule's loss and the optimizer
+it configures, i.e. what `python train.py` runs), `torch.nn.Transformer` and Hugging Face
+`MarianMTModel` at three shapes, interleaved in one process on the same batch.
+
+    python benchmarks/train_speed.py [--batch-size 64 --src-len 24 --tgt-len 24 --vocab 8000
+        --repeats 5 --threads 2 --shapes tiny,small,base]
+
+Each update: forward, label-smoothed (0.1) cross-entropy over the target tokens, backward,
+one optimizer step (aiayn: its Adam; the peers: `torch.optim.AdamW`, as their trainers use),
+dropout 0.1 on all three. Prints the machine and its measured matrix-multiply peak, then
+target tokens/s (best of `--repeats` rounds, the three models alternating within a round so
+that load hits all alike), the ratios, and aiayn's model-FLOP utilisation: 3 x
+`aiayn.model.summary.forward_flops` per second over the peak. On a GPU all run in bf16
+autocast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.data.dataset import Batch
+from aiayn.machine import cpu_flags, cpu_model, matmul_flops
+from aiayn.model import ModelConfig
+from aiayn.model.summary import forward_flops
+from aiayn.training.module import TranslationModule
+
+SHAPES = {  # d_model, layers (each side), heads, d_ff
+    "tiny": (128, 4, 4, 256),  # the fairseq-style tiny shape of experiment=multi30k_tiny
+    "small": (256, 3, 8, 1024),
+    "base": (512, 6, 8, 2048),  # the paper's base
+}
+SMOOTHING, DROPOUT = 0.1, 0.1
+
+
+def aiayn_step(shape: tuple[int, ...], vocab: int, batch: Batch) -> Callable[[], None]:
+    d, layers, heads, ff = shape
+    config = ModelConfig(
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        d_model=d,
+        num_heads=heads,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        d_ff=ff,
+        dropout=DROPOUT,
+        max_positions=256,
+    )
+    optim = {"schedule": "inverse_sqrt", "lr": 1e-3, "warmup_steps": 100}
+    module = TranslationModule(asdict(config), optim, {}).to(batch.src.device).train()
+    optimizer = module.configure_optimizers()["optimizer"]
+
+    def step() -> None:
+        loss, _ = module.losses(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+class TorchSeq2Seq(nn.Module):
+    """`nn.Transformer` with shared embeddings, sinusoid-free learned positions (cost alike)
+    and a tied output projection: the usual way to build the paper's model from torch."""
+
+    def __init__(self, shape: tuple[int, ...], vocab: int) -> None:
+        super().__init__()
+        d, layers, heads, ff = shape
+        self.embed = nn.Embedding(vocab, d)
+        self.positions = nn.Embedding(256, d)
+        self.core = nn.Transformer(d, heads, layers, layers, ff, DROPOUT, batch_first=True)
+        self.scale = d**0.5
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        def embed(x: torch.Tensor) -> torch.Tensor:
+            return self.embed(x) * self.scale + self.positions.weight[: x.size(1)]
+
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
+        hidden = self.core(embed(src), embed(tgt), tgt_mask=causal, tgt_is_causal=True)
+        return hidden @ self.embed.weight.T
+
+
+def torch_step(shape: tuple[int, ...], vocab: int, batch: Batch) -> Callable[[], None]:
+    model = TorchSeq2Seq(shape, vocab).to(batch.src.device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        logits = model(batch.src, batch.tgt_in)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch.tgt_out.flatten(), label_smoothing=SMOOTHING
+        )
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def marian_step(shape: tuple[int, ...], vocab: int, batch: Batch) -> Callable[[], None]:
+    from transformers import MarianConfig, MarianMTModel
+
+    d, layers, heads, ff = shape
+    model = (
+        MarianMTModel(
+            MarianConfig(
+                vocab_size=vocab,
+                decoder_vocab_size=vocab,
+                d_model=d,
+                encoder_layers=layers,
+                decoder_layers=layers,
+                encoder_attention_heads=heads,
+                decoder_attention_heads=heads,
+                encoder_ffn_dim=ff,
+                decoder_ffn_dim=ff,
+                activation_function="relu",
+                max_position_embeddings=256,
+                dropout=DROPOUT,
+                attention_dropout=0.0,
+                activation_dropout=0.0,
+                scale_embedding=True,
+                pad_token_id=0,
+                eos_token_id=2,
+                decoder_start_token_id=0,
+            )
+        )
+        .to(batch.src.device)
+        .train()
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    mask = torch.ones_like(batch.src)
+
+    def step() -> None:
+        out = model(input_ids=batch.src, attention_mask=mask, decoder_input_ids=batch.tgt_in)
+        loss = F.cross_entropy(
+            out.logits.flatten(0, 1), batch.tgt_out.flatten(), label_smoothing=SMOOTHING
+        )
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def best_seconds(steps: list[Callable[[], None]], repeats: int, sync: Callable[[], None]) -> list:
+    """Fastest of `repeats` timed calls of each step, after two warm-up calls each; the steps
+    alternate within each round."""
+    for step in steps:
+        step()
+        step()
+    sync()
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, spent in zip(steps, times, strict=True):
+            start = time.perf_counter()
+            step()
+            sync()
+            spent.append(time.perf_counter() - start)
+    return [min(spent) for spent in times]
+
+
+def random_batch(args: argparse.Namespace, device: torch.device) -> Batch:
+    """A batch without padding: every position is a real token, on every model."""
+    g = torch.Generator().manual_seed(0)
+    B, S, T, V = args.batch_size, args.src_len, args.tgt_len, args.vocab
+    src = torch.randint(4, V, (B, S), generator=g)
+    tgt = torch.randint(4, V, (B, T), generator=g)
+    return Batch(
+        src=src.to(device),
+        tgt_in=tgt.to(device),
+        tgt_out=tgt.roll(-1, dims=1).to(device),
+        src_lengths=torch.full((B,), S, device=device),
+        tgt_lengths=torch.full((B,), T, device=device),
+        ids=torch.arange(B, device=device),
+        num_src_tokens=B * S,
+        num_tgt_tokens=B * T,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in [
+        ("batch-size", 64),
+        ("src-len", 24),
+        ("tgt-len", 24),
+        ("vocab", 8000),
+        ("repeats", 5),
+        ("threads", 2),
+    ]:
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--shapes", default="tiny,small,base")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    peak = matmul_flops(dtype, 8192 if cuda else 2048, 5, device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    batch = random_batch(args, device)
+
+    where = torch.cuda.get_device_name() if cuda else f"{cpu_model()} ({' '.join(cpu_flags())})"
+    print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    print(
+        f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens, vocab "
+        f"{args.vocab}, label smoothing {SMOOTHING}, dropout {DROPOUT}, "
+        f"{'bf16 autocast' if cuda else 'fp32'}"
+    )
+    print(
+        "| shape | aiayn tgt tok/s | HF Marian | torch.nn.Transformer "
+        "| aiayn / Marian | aiayn / torch | aiayn MFU |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        torch.manual_seed(0)
+        steps = [build(shape, args.vocab, batch) for build in (aiayn_step, marian_step, torch_step)]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            ours, marian, plain = best_seconds(steps, args.repeats, sync)
+        tokens = args.batch_size * args.tgt_len
+        d, layers, heads, ff = shape
+        config = ModelConfig(
+            src_vocab_size=args.vocab,
+            tgt_vocab_size=args.vocab,
+            d_model=d,
+            num_heads=heads,
+            num_encoder_layers=layers,
+            num_decoder_layers=layers,
+            d_ff=ff,
+        )
+        flops = 3 * forward_flops(config, args.batch_size, args.src_len, args.tgt_len)
+        print(
+            f"| {name} (d{d}, {layers}+{layers}, h{heads}, ff{ff}) | {tokens / ours:.0f} "
+            f"| {tokens / marian:.0f} | {tokens / plain:.0f} | {marian / ours:.2f}x "
+            f"| {plain / ours:.2f}x | {flops / ours / peak:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
