@@ -1,8 +1,9 @@
 """Every command the README shows for train.py, evaluate.py, translate.py,
-`python -m aiayn.visualize` and `python -m aiayn.export` composes, exactly as written, into a valid config; multirun
-commands also resolve their sweep directory the way Hydra does at launch, before its runtime
-is set (the step where `python train.py -m sweep=heads` once crashed). Running them is the
-smoke and slow layers' job; a README line that no longer parses or validates fails here."""
+`python -m aiayn.visualize` and `python -m aiayn.export` composes, exactly as written, into a
+valid config; multirun commands also resolve their sweep directory the way Hydra does at
+launch, before its runtime is set (the step where `python train.py -m sweep=heads` once
+crashed). Running them is the smoke and slow layers' job; a README line that no longer parses
+or validates fails here."""
 
 from __future__ import annotations
 

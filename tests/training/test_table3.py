@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,16 @@ from aiayn.cli.sweeps import main
 
 
 def _job(directory: Path, name: str, overrides: list[str], bleu: float, ppl: float) -> None:
+    """A finished job; its csv/metrics.csv has three validations ending at `bleu`/`ppl`."""
     job = directory / name
     (job / ".hydra").mkdir(parents=True)
+    (job / "csv").mkdir()
+    lines = ["epoch,step,train/elapsed_min,val/loss,val/bleu"]
+    for i, step in enumerate((10, 20, 30)):
+        value = bleu - 2 * (2 - i)
+        loss = math.log(ppl) + 0.1 * (2 - i)
+        lines += [f"{i},{step},{step / 10},,", f"{i},{step},,{loss},{value}"]
+    (job / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     metrics = {
         "fit": {"val/bleu": bleu, "val/ppl": ppl},
@@ -64,6 +73,7 @@ def test_cli_writes_the_report_into_the_first_directory(sweep, capsys):
     a_h1 = next(line for line in table if line.startswith("| A_h1 "))
     assert "| -2.00 | -0.90 | same direction |" in a_h1
     assert (first / "table3.png").stat().st_size > 1000
+    assert (first / "table3_curves.png").stat().st_size > 10_000
     assert "table3.md" in capsys.readouterr().out
 
 
@@ -86,3 +96,16 @@ def test_without_base_seeds_there_is_no_noise_estimate():
     assert table3.verdict(-1.0, -0.9, None) == "no noise estimate"
     assert table3.verdict(-1.0, -0.9, 0.5) == "same direction"
     assert table3.verdict(0.4, -0.9, 0.5) == "within noise"
+
+
+def test_curves_are_the_seeds_mean_and_spread(sweep):
+    jobs = [j for j in table3.read_jobs(list(sweep)) if j["row"] == "base"]
+    bleu = table3.bands(jobs, "step", "val/bleu")
+    assert [b[0] for b in bleu] == [10, 20, 30]
+    # seeds end at 30.0, 30.2, 29.8 and run 4 and 2 points lower before
+    assert bleu[0][1:] == pytest.approx((26.0, 25.8, 26.2))
+    assert bleu[-1][1:] == pytest.approx((30.0, 29.8, 30.2))
+    ppl = table3.bands(jobs, "minutes", "val/ppl")
+    assert [p[0] for p in ppl] == [1.0, 2.0, 3.0]
+    assert ppl[-1][1] == pytest.approx(6.0)
+    assert [table3.group_of(r) for r in ("A_h1", "C_dff_half", "norm_pre")] == ["A", "C", "norm"]

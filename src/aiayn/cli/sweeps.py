@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.paper == "table3":
         for path in table3.write(table3.report(args.multirun_dirs), first):
             print(path)
+        curves = table3.plot_curves(args.multirun_dirs, first / "table3_curves.png")
+        print(curves or "no job logged csv/metrics.csv: no table3_curves.png")
         print((first / "table3.md").read_text())
 
 

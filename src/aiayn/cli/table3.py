@@ -2,7 +2,8 @@
 
 `python -m aiayn.sweeps <multirun dir> [<more dirs> ...] --paper table3` reads every job of
 the given multiruns (one job per `ablation=<row>` of conf/ablation/, several seeds of a row
-allowed), and writes `table3.md`, `table3.csv` and `table3.png` into the first directory.
+allowed), and writes `table3.md`, `table3.csv`, `table3.png` and `table3_curves.png` into the
+first directory.
 
 Per row: its settings, parameters, val PPL and val BLEU (the last validation), test BLEU,
 wall clock, the paper's dev PPL/BLEU (newstest2013, Table 3 of Vaswani et al. 2017), our
@@ -11,12 +12,19 @@ verdict: `same direction`, `opposite`, or `within noise` when our change is no l
 noise, measured as twice the standard deviation of the base row's seeds (needs >= 2 base
 seeds; else every verdict says `no noise estimate`). A row whose paper change is zero gets
 `paper: no change` unless ours is within noise.
+
+`table3_curves.png`: one line of panels per Table 3 group (A, B, C, D, E, norm): val BLEU
+against updates and against wall-clock minutes, and val PPL against updates, for the base and
+each row of the group; a row's seeds are drawn as their mean with a band from the lowest to
+the highest seed, and a marker at the end of each row's curve shows where the paper's change
+for that row would put it (our base's last value + the paper's Δ).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from aiayn.cli.curves import validation_curve
 from aiayn.errors import AiaynError
 
 # Table 3 of the paper (dev set newstest2013): row -> (PPL, BLEU). Our conf/ablation/ rows are
@@ -103,9 +112,31 @@ def read_jobs(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
                     "val BLEU": fit.get("val/bleu"),
                     "test BLEU": test.get("test/bleu"),
                     "minutes": metrics.get("wall_clock_min"),
+                    "curve": _curve(job),
                 }
             )
     return jobs
+
+
+def _curve(job: Path) -> list[dict[str, float]]:
+    """The job's validations (step, minutes, val/loss, val/bleu), [] without a CSV log."""
+    try:
+        return validation_curve(job)
+    except AiaynError:
+        return []
+
+
+def bands(jobs: list[dict[str, Any]], x: str, y: str) -> list[tuple[float, float, float, float]]:
+    """(x, mean, lowest, highest) of metric `y` over the seeds `jobs`, at each validation all
+    of them reached (matched by position; x is the seeds' mean). `y` 'val/ppl' is
+    exp(val/loss)."""
+    curves = [j["curve"] for j in jobs if j.get("curve")]
+    out = []
+    for points in zip(*curves, strict=False):  # stops at the shortest seed
+        xs = [p[x] for p in points]
+        ys = [math.exp(p["val/loss"]) if y == "val/ppl" else p[y] for p in points]
+        out.append((statistics.fmean(xs), statistics.fmean(ys), min(ys), max(ys)))
+    return out
 
 
 def verdict(ours: float | None, paper: float | None, noise: float | None) -> str:
@@ -180,6 +211,61 @@ def write(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         writer.writeheader()
         writer.writerows(rows)
     return [md, table, _plot(rows, out_dir / "table3.png")]
+
+
+def group_of(row: str) -> str:
+    """The Table 3 group of an ablation row: `A_h1` -> 'A', `norm_pre` -> 'norm'."""
+    return row.split("_", 1)[0]
+
+
+def plot_curves(multirun_dirs: list[Path], path: Path) -> Path | None:
+    """table3_curves.png (see the module docstring); None when no job logged a CSV curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    jobs = read_jobs(multirun_dirs)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        rows.setdefault(job["row"], []).append(job)
+    if "base" not in rows or not any(j["curve"] for j in jobs):
+        return None
+    groups = sorted({group_of(r) for r in rows if r != "base"})
+    panels = (("steps", "val/bleu", "updates"), ("minutes", "val/bleu", "minutes"))
+    panels += (("steps", "val/ppl", "updates"),)
+    fig, axes = plt.subplots(
+        max(len(groups), 1), 3, figsize=(14, 3.2 * max(len(groups), 1)), squeeze=False
+    )
+    for axis_row, group in zip(axes, groups or ["base"], strict=True):
+        members = ["base", *[r for r in rows if r != "base" and group_of(r) == group]]
+        for ax, (x, y, label) in zip(axis_row, panels, strict=True):
+            key = "step" if x == "steps" else x
+            base_end = (bands(rows["base"], key, y) or [(0.0, math.nan, 0.0, 0.0)])[-1][1]
+            for index, name in enumerate(members):
+                band = bands(rows[name], key, y)
+                if not band:
+                    continue
+                color = "black" if name == "base" else f"C{index}"
+                xs, mean, low, high = zip(*band, strict=True)
+                seeds = len(rows[name])
+                ax.plot(xs, mean, color=color, label=f"{name} ({seeds} seed{'s' * (seeds > 1)})")
+                ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
+                paper = PAPER.get(name)
+                if paper and name != "base":
+                    index = 1 if y == "val/bleu" else 0
+                    delta = paper[index] - PAPER["base"][index]
+                    ax.plot([xs[-1]], [base_end + delta], marker="D", color=color, alpha=0.7)
+            ax.set_xlabel(label)
+            ax.set_ylabel({"val/bleu": "val BLEU", "val/ppl": "val PPL"}[y])
+            ax.set_title(f"{group}: {y} against {label}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axis_row[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("lines: mean over seeds, band: lowest to highest seed; ◆: base + paper's Δ")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
