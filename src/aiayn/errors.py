@@ -43,6 +43,10 @@ class AveragingError(AiaynError):
     """Checkpoints that cannot be averaged."""
 
 
+class DivergedError(AiaynError):
+    """Training produced non-finite gradients too many updates in a row."""
+
+
 def exit_on_error(function: F) -> F:
     """Run `function`; an `AiaynError` prints `error: <message>` to stderr and exits 1."""
 

@@ -73,6 +73,30 @@ def test_decode_override_on_top_of_checkpoint(ckpt, translator, sources, tmp_pat
     assert _read(out) == translator.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
 
 
+def test_nbest_writes_n_scored_hypotheses_per_line_best_first(ckpt, lines, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = [f"ckpt_path={ckpt}", f"input={src}", "device=cpu", "batch_size=3", "decode=beam"]
+    outputs = {}
+    for n in (1, 3):
+        out = tmp_path / f"out{n}.txt"
+        overrides = [*common, f"output={out}", f"+decode.nbest={n}"]
+        run(compose_config("translate", overrides, tmp_path / str(n)))
+        outputs[n] = _read(out)
+    entries = [line.split(" ||| ") for line in outputs[3]]
+    blank = {i for i, line in enumerate(lines) if not line.strip()}
+    assert len(entries) == 3 * (len(lines) - len(blank)) + len(blank)
+    for i in range(len(lines)):
+        mine = [e for e in entries if e[0] == str(i)]
+        if i in blank:
+            assert mine == [[str(i), "", "0.0000"]]
+            continue
+        scores = [float(e[2]) for e in mine]
+        assert len(mine) == 3 and scores == sorted(scores, reverse=True) and scores[0] < 0
+        assert mine[0][1] == outputs[1][i]  # the best of the 3 is the plain output (nbest=1)
+        assert len({e[1] for e in mine}) == 3  # three different hypotheses
+
+
 def test_decode_config_merges_and_names_bad_keys():
     base = DecodeConfig(strategy="beam", beam_size=4, length_penalty=0.6)
     assert decode_config(base, {"beam_size": 8}) == DecodeConfig("beam", 8, 0.6)

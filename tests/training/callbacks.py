@@ -27,3 +27,25 @@ class FailAtStep(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             raise RuntimeError(f"FailAtStep: injected failure at step {self.step}")
+
+
+class NaNGradientAt(L.Callback):
+    """Make the gradients of the update at `step` non-finite, and fail the run unless that
+    update left every weight as it was; writes `done` into `marker` when it checked."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, marker
+        self.before: dict | None = None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step == self.step:
+            next(p for p in pl_module.parameters() if p.grad is not None).grad[0] = float("nan")
+            self.before = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if self.before is not None:
+            changed = [k for k, v in pl_module.state_dict().items() if not v.equal(self.before[k])]
+            assert not changed, f"a skipped update changed {changed}"
+            self.before = None
+            with open(self.marker, "w") as file:
+                file.write("done")

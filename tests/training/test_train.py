@@ -33,6 +33,27 @@ def test_label_smoothed_loss_matches_torch_and_ignores_padding():
     assert label_smoothed_loss(changed, target, 0.1)[0].item() == pytest.approx(loss.item())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_label_smoothed_loss_gradient_equals_torchs(dtype):
+    """The hand-written backward against autograd through torch's cross-entropy (padding rows
+    get zero gradient), and gradcheck in float64."""
+    torch.manual_seed(1)
+    target = torch.tensor([[4, 5, 6, 0, 0], [7, 8, 9, 10, 2]])
+    logits = (3 * torch.randn(2, 5, 11, dtype=torch.float64)).to(dtype).requires_grad_()
+    label_smoothed_loss(logits, target, 0.1)[0].backward()
+    reference = logits.detach().clone().requires_grad_()
+    torch.nn.functional.cross_entropy(
+        reference.float().view(-1, 11), target.view(-1), ignore_index=0, label_smoothing=0.1
+    ).backward()
+    assert logits.grad.dtype == dtype
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(logits.grad.float(), reference.grad.float(), atol=tolerance, rtol=0)
+    assert logits.grad[0, 3:].abs().sum() == 0
+    if dtype == torch.float64:
+        fresh = logits.detach().clone().requires_grad_()
+        assert torch.autograd.gradcheck(lambda x: label_smoothed_loss(x, target, 0.2)[0], fresh)
+
+
 def test_atomic_checkpoint_write_never_replaces_a_good_file_with_a_partial_one(
     tmp_path, monkeypatch
 ):

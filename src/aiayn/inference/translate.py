@@ -4,6 +4,11 @@ Output is written and flushed batch by batch, so an error never loses what was a
 translated; input is read as bytes and decoded line by line, so invalid UTF-8 is named by its
 line. Decode settings: the checkpoint's `decode` hyper-parameters, with the `decode` keys of
 the config on top (`decode=beam`, `+decode.beam_size=8`).
+
+With `decode.nbest` N > 1 each input line gives N output lines, best first, in the Moses
+n-best format `<input line, from 0> ||| <translation> ||| <score>` (the score is the
+length-normalised log-probability the beam ranks by; a blank input line gives one entry with
+an empty translation and score 0). With N = 1 the output is one plain translation per line.
 """
 
 from __future__ import annotations
@@ -59,13 +64,23 @@ def translate_stream(
 
 def _write(out: TextIO, translator: Translator, batch: list[str], first: int, source: str) -> None:
     try:
-        texts = translator.translate(batch, first, source)
+        nbest = translator.translate_nbest(batch, first, source)
     except LongLineError as error:
-        out.writelines(f"{text}\n" for text in error.done)
+        out.writelines(_format(error.done, first, translator.decode.nbest))
         out.flush()
         raise
-    out.writelines(f"{text}\n" for text in texts)
+    out.writelines(_format(nbest, first, translator.decode.nbest))
     out.flush()
+
+
+def _format(nbest: list[list[tuple[str, float]]], first: int, n: int) -> Iterator[str]:
+    """Plain lines (n = 1), or Moses n-best lines numbered from 0 (`first` is 1-based)."""
+    for index, hyps in enumerate(nbest, start=first - 1):
+        if n == 1:
+            yield f"{hyps[0][0]}\n"
+            continue
+        for text, score in hyps:
+            yield f"{index} ||| {text} ||| {score:.4f}\n"
 
 
 @contextmanager

@@ -29,9 +29,10 @@ ON_LONG = ("truncate", "fail")
 
 class LongLineError(TranslationError):
     """A line over the length limit with `on_long='fail'`; `done` holds the translations of
-    the lines before it (for the caller to write before stopping)."""
+    the lines before it (for the caller to write before stopping): strings from `translate`,
+    n-best lists from `translate_nbest`."""
 
-    def __init__(self, message: str, done: list[str]) -> None:
+    def __init__(self, message: str, done: list[Any]) -> None:
         super().__init__(message)
         self.done = done
 
@@ -89,6 +90,17 @@ class Translator:
     ) -> list[str]:
         """One translation per line, in order ('' for a blank line), in one batch;
         `first_line` and `source` only name lines in messages."""
+        try:
+            return [_best(hyps) for hyps in self.translate_nbest(lines, first_line, source)]
+        except LongLineError as error:
+            raise LongLineError(str(error), [_best(hyps) for hyps in error.done]) from None
+
+    def translate_nbest(
+        self, lines: list[str], first_line: int = 1, source: str = "<input>"
+    ) -> list[list[tuple[str, float]]]:
+        """The `decode.nbest` best (translation, score) pairs of each line, best first, in one
+        batch ([('', 0.0)] for a blank line). A `LongLineError` carries those of the lines
+        before the long one in `done`."""
         ids = self.tokenizers.encode(lines, side="src")
         for i, row in enumerate(ids):
             try:
@@ -109,9 +121,9 @@ class Translator:
         out = [""] * len(lines)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            texts = self._decode([lines[i] for i in chunk], [ids[i] for i in chunk])
-            for i, text in zip(chunk, texts, strict=True):
-                out[i] = text
+            hyps = self._decode([lines[i] for i in chunk], [ids[i] for i in chunk])
+            for i, nbest in zip(chunk, hyps, strict=True):
+                out[i] = _best(nbest)
         return out
 
     def _fit(self, row: list[int], where: str) -> list[int]:
@@ -127,12 +139,19 @@ class Translator:
         log.warning("%s; truncated", message)
         return row[: self.max_src_tokens]
 
-    def _decode(self, lines: list[str], ids: list[list[int]]) -> list[str]:
-        """Decode the token rows `ids` of `lines` (one batch); '' for blank lines."""
-        out = [""] * len(lines)
+    def _decode(self, lines: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
+        """(translation, score) n-best of the token rows `ids` of `lines` (one batch);
+        [('', 0.0)] for blank lines."""
+        out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         keep = [i for i, line in enumerate(lines) if line.strip() and ids[i]]
         if keep:
             src, _ = collate_sources([ids[i] for i in keep])
-            for i, text in zip(keep, self.translate_batch(src), strict=True):
-                out[i] = text
+            hyps = self.generate(src)
+            texts = iter(self.tokenizers.decode([h.tokens for row in hyps for h in row], "tgt"))
+            for i, row in zip(keep, hyps, strict=True):
+                out[i] = [(next(texts), h.score) for h in row]
         return out
+
+
+def _best(nbest: list[tuple[str, float]]) -> str:
+    return nbest[0][0]

@@ -19,6 +19,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import DivergedError
 from aiayn.inference.translator import Translator
 from aiayn.model import DecodeConfig, ModelConfig, Transformer
 from aiayn.model.summary import parameter_summary
@@ -58,6 +59,10 @@ class TranslationModule(L.LightningModule):
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
         self.tokenizers: Tokenizers | None = None
+        # non-finite gradients: skipped updates, in a row and in all; last finite (update, loss)
+        self.nonfinite_in_row, self.skipped_updates = 0, 0
+        self.last_finite: tuple[int, Tensor | None] = (0, None)
+        self._step_loss: Tensor | None = None
         self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.bleu = nn.ModuleDict({"val": SacreBLEUScore(), "test": SacreBLEUScore()})
 
@@ -85,6 +90,7 @@ class TranslationModule(L.LightningModule):
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, nll = self.losses(batch)
+        self._step_loss = loss.detach()
         size = batch.src.size(0)
         # averaged over ranks, so the DDP curve is the global batch's, not rank 0's share
         self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
@@ -93,17 +99,47 @@ class TranslationModule(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Log the gradient norm; skip an update whose gradients are not finite (its
+        gradients are dropped, so the optimizer leaves every weight as it is), and stop the
+        run after `optim.max_nonfinite_updates` such updates in a row. Under `16-mixed`
+        precision the GradScaler already skips them."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
+        norm = torch.nn.utils.get_total_norm(grads)
+        self.log("train/grad_norm", norm)
+        if str(self.trainer.precision).startswith("16") or bool(torch.isfinite(norm)):
+            self.nonfinite_in_row = 0
+            self.last_finite = (self.trainer.global_step, self._step_loss)
+            return
+        self.nonfinite_in_row += 1
+        self.skipped_updates += 1
+        self.log("train/skipped_updates", float(self.skipped_updates))
+        for param in self.parameters():
+            param.grad = None
+        limit = self.optim_config.max_nonfinite_updates
+        if self.nonfinite_in_row > limit:
+            step, loss = self.last_finite
+            lr = optimizer.param_groups[0]["lr"]
+            last = f"{float(loss):.4g} at update {step}" if loss is not None else "never finite"
+            raise DivergedError(
+                f"training diverged: {self.nonfinite_in_row} updates in a row up to update "
+                f"{self.trainer.global_step} had non-finite gradients (more than "
+                f"optim.max_nonfinite_updates={limit}); learning rate {lr:.3g}, last finite "
+                f"loss {last}. Lower optim.lr or lengthen optim.warmup_steps; no checkpoint "
+                "with non-finite weights was written"
+            )
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim_config
+        params = list(self.parameters())
+        # one fused kernel per step instead of a loop over parameters (CPU and CUDA)
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
         optimizer = torch.optim.Adam(
-            self.parameters(),
+            params,
             lr=cfg.lr,
             betas=(cfg.betas[0], cfg.betas[1]),
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
+            fused=fused,
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(cfg, self.model_config.d_model)

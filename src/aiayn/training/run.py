@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -261,11 +262,24 @@ def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()}
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf) as None: metrics.json stays strict
+    JSON, which `NaN` is not."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 @rank_zero_only
 def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(metrics, indent=2, default=float) + "\n")
+    plain_floats = json.loads(json.dumps(metrics, default=float))  # tensors, numpy -> float
+    tmp.write_text(json.dumps(strict_json(plain_floats), indent=2, allow_nan=False) + "\n")
     tmp.replace(path)
 
 

@@ -28,6 +28,9 @@ class OptimConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # an update whose gradients are not finite is skipped (and counted in
+    # train/skipped_updates); more than this many in a row stop the run
+    max_nonfinite_updates: int = 5
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -46,6 +49,11 @@ class OptimConfig:
             raise ValueError(f"optim.eps must be positive, got {self.eps!r}")
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not isinstance(self.max_nonfinite_updates, int) or self.max_nonfinite_updates < 0:
+            raise ValueError(
+                "optim.max_nonfinite_updates must be an integer >= 0, got "
+                f"{self.max_nonfinite_updates!r}"
+            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(
                 f"optim.label_smoothing must lie in [0, 1), got {self.label_smoothing!r}"
