@@ -97,7 +97,8 @@ def test_readme_command_composes_and_validates(entry, args, tmp_path):
         assert OmegaConf.select(cfg, "hydra.run.dir")
         with open_dict(cfg):
             cfg.paths.output_dir = str(tmp_path)
-            if name == "train" and "placeholder" in str(cfg.ckpt_path):
-                cfg.ckpt_path = None  # a run to resume: everything else must validate
+            for key in ("ckpt_path", "init_from"):  # a run to resume or to start from:
+                if name == "train" and "placeholder" in str(cfg.get(key)):
+                    cfg[key] = None  # everything else must validate
             del cfg.hydra
         assert isinstance(to_schema(cfg, schema), schema)

@@ -76,6 +76,9 @@ class TrainConfig:
     # which checkpoint the test split scores after training: best (val/bleu), last, or
     # averaged (needs callbacks=[...,average])
     test_ckpt: str = "best"
+    # fine-tune: a new run starting from this checkpoint's weights and tokenizer, with a fresh
+    # optimizer, schedule and data position (fairseq --restore-file --reset-optimizer)
+    init_from: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
         if self.model.share_embeddings == "all" and not self.data.tokenizer.joint:
@@ -112,6 +115,18 @@ class TrainConfig:
         check_trainer_kwargs(self.trainer)
         if self.ckpt_path is not None and not Path(self.ckpt_path).is_file():
             raise ConfigError(f"ckpt_path={self.ckpt_path!r} is not a file; give a .ckpt to resume")
+        if self.init_from is not None and self.ckpt_path is not None:
+            raise ConfigError(
+                "ckpt_path resumes a run, init_from starts a new one from a checkpoint's "
+                "weights: give one of them"
+            )
+        if self.init_from is not None and not Path(self.init_from).is_file():
+            raise ConfigError(f"init_from={self.init_from!r} is not a file; give a .ckpt")
+        if self.init_from is not None and self.data.tokenizer.path is not None:
+            raise ConfigError(
+                "init_from uses the checkpoint's tokenizer (its vocabulary is the model's): "
+                "drop data.tokenizer.path"
+            )
 
 
 def _check_inference(config: TranslateConfig | EvalConfig) -> None:

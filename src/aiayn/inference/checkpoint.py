@@ -73,11 +73,7 @@ def load_checkpoint(
         raise CheckpointError(f"{path} has no model hyper-parameters: not an aiayn checkpoint")
     config = ModelConfig(**hparams["model"])
     model = Transformer(config)
-    weights = {
-        key.removeprefix(MODEL_PREFIX): value
-        for key, value in checkpoint["state_dict"].items()
-        if key.startswith(MODEL_PREFIX)
-    }
+    weights = model_weights(checkpoint)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -86,6 +82,15 @@ def load_checkpoint(
     _check_vocab(tokenizers, config, tokenizer or str(path))
     decode = DecodeConfig(**hparams.get("decode", {}))
     return Translator(model.to(resolve_device(device)).eval(), tokenizers, decode)
+
+
+def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The Transformer's state_dict inside a checkpoint (the module's `model.` entries)."""
+    return {
+        key.removeprefix(MODEL_PREFIX): value
+        for key, value in checkpoint["state_dict"].items()
+        if key.startswith(MODEL_PREFIX)
+    }
 
 
 def resolve_device(device: str) -> torch.device:

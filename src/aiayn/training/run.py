@@ -26,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 from aiayn.callbacks import AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, to_schema
 from aiayn.data.datamodule import TranslationDataModule
+from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError
-from aiayn.inference.checkpoint import read_checkpoint
+from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model.summary import format_parameter_summary, parameter_summary
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
@@ -43,8 +44,31 @@ def validate(cfg: DictConfig) -> TrainConfig:
     _check_callbacks(config)
     if config.ckpt_path:
         _check_resume(config)
+    if config.init_from:
+        _init_weights(config)  # read and checked before any work
     _warn_emulated_bf16(config.trainer)
     return config
+
+
+def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """The Transformer weights and tokenizer state of `config.init_from`, after checking that
+    its model config is this run's (vocabulary sizes come with its tokenizer)."""
+    saved = read_checkpoint(config.init_from)  # type: ignore[arg-type]
+    model = (saved.get("hyper_parameters") or {}).get("model")
+    if model is None or not saved.get("tokenizers"):
+        raise ConfigError(
+            f"init_from={config.init_from}: not a checkpoint written by `python train.py` "
+            "(no model hyper-parameters or no tokenizer)"
+        )
+    for key, value in plain(config.model).items():
+        if key in ("src_vocab_size", "tgt_vocab_size"):
+            continue
+        if model.get(key, value) != value:
+            raise ConfigError(
+                f"init_from={config.init_from} has model.{key}={model[key]!r}, this run "
+                f"model.{key}={value!r}: set model.{key}={model[key]!r} (the weights must fit)"
+            )
+    return model_weights(saved), saved["tokenizers"]
 
 
 def _warn_emulated_bf16(trainer: dict[str, Any]) -> None:
@@ -111,6 +135,13 @@ def _swept_settings() -> dict[str, str]:
 def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule]:
     """Prepare the data and build the module (vocabulary sizes from the tokenizer)."""
     L.seed_everything(config.seed, workers=True)
+    weights = None
+    if config.init_from:
+        weights, tokenizer_state = _init_weights(config)
+        directory = Path(config.paths.output_dir) / "init_tokenizer"
+        Tokenizers.from_state(tokenizer_state).save(directory)
+        tokenizer = replace(config.data.tokenizer, path=str(directory))
+        config = replace(config, data=replace(config.data, tokenizer=tokenizer))
     datamodule = TranslationDataModule(config.data, seed=config.seed)
     datamodule.prepare_data()
     model_config = replace(
@@ -128,6 +159,8 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
         compile=config.compile,
     )
     module.tokenizers = datamodule.tokenizers
+    if weights is not None:
+        module.model.load_state_dict(weights)  # shapes checked: same config and vocabulary
     return datamodule, module
 
 
