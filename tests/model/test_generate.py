@@ -19,7 +19,13 @@ BOS, EOS = 1, 2
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"strategy": "sample"}, "strategy"),
+        ({"strategy": "nucleus"}, "strategy"),
+        ({"strategy": "sample", "nbest": 2}, "nbest"),
+        ({"strategy": "sample", "top_k": -1}, "top_k"),
+        ({"strategy": "sample", "top_p": 0.0}, "top_p"),
+        ({"strategy": "sample", "top_p": 1.5}, "top_p"),
+        ({"strategy": "sample", "temperature": 0.0}, "temperature"),
+        ({"seed": 1.5}, "seed"),
         ({"beam_size": 0}, "beam_size"),
         ({"nbest": 0}, "nbest"),
         ({"strategy": "beam", "beam_size": 2, "nbest": 3}, "nbest"),
@@ -68,6 +74,48 @@ def test_beam_size_one_equals_greedy() -> None:
         assert beam == greedy
         ended |= {len(h[0].tokens) == limit for h, limit in zip(greedy, limits, strict=True)}
     assert ended == {True, False}
+
+
+def _tokens(hyps: list[list[Hypothesis]]) -> list[list[int]]:
+    return [h[0].tokens for h in hyps]
+
+
+def test_sampling_repeats_with_its_seed_and_differs_across_seeds() -> None:
+    model = tiny_model(4)  # flat distributions: samples vary
+    src, _ = padded_batch()
+
+    def sample(**kwargs: Any) -> list[list[Hypothesis]]:
+        return generate(model, src, DecodeConfig("sample", max_len_b=8, **kwargs))
+
+    first = sample(seed=7)
+    assert sample(seed=7) == first  # tokens and scores
+    assert _tokens(sample(seed=8)) != _tokens(first)
+    greedy = generate(model, src, DecodeConfig(max_len_b=8))
+    assert _tokens(first) != _tokens(greedy)
+    # a cut to the single most likely token, or a near-zero temperature, is greedy search
+    assert sample(seed=7, top_k=1) == greedy
+    assert sample(seed=7, top_p=1e-6) == greedy
+    assert _tokens(sample(seed=7, temperature=1e-4)) == _tokens(greedy)
+
+
+def test_sampling_draws_only_inside_the_top_k_and_top_p_cuts() -> None:
+    """Every drawn token is among the k most likely (top_k) and within the nucleus (top_p) of
+    its step, checked by replaying the sampled prefixes through the model."""
+    model = tiny_model(4)
+    src, lengths = padded_batch()
+    for cut in ({"top_k": 3}, {"top_p": 0.5}):
+        hyps = generate(model, src, DecodeConfig("sample", max_len_b=6, seed=3, **cut))
+        for row, (hyp,) in enumerate(hyps):
+            tokens = torch.tensor([[BOS, *hyp.tokens]])
+            with torch.no_grad():
+                logp = model(src[row : row + 1, : lengths[row]], tokens).log_softmax(-1)[0]
+            for step, token in enumerate(hyp.tokens):
+                probs, order = logp[step].exp().sort(descending=True)
+                rank = (order == token).nonzero().item()
+                if "top_k" in cut:
+                    assert rank < 3
+                else:
+                    assert probs[:rank].sum() < 0.5 + 1e-6  # inside the nucleus
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,14 @@ class CT2Translator(Translator):
         rows = [[int(i) for i in row if i != pad] for row in src.tolist()]
         limits = max_output_lengths([len(r) for r in rows], config, self.max_positions)
         beam = config.beam_size if config.strategy == "beam" else 1
+        sampling = {}
+        if config.strategy == "sample":
+            ctranslate2_module().set_random_seed(config.seed)
+            sampling = {
+                "sampling_topk": config.top_k,  # 0: the whole vocabulary, as aiayn
+                "sampling_topp": config.top_p,
+                "sampling_temperature": config.temperature,
+            }
         results = self.engine.translate_batch(
             [[self.src_tokens[i] for i in row] for row in rows],
             beam_size=beam,
@@ -97,6 +105,7 @@ class CT2Translator(Translator):
             max_decoding_length=max(limits),
             min_decoding_length=0,
             return_scores=True,
+            **sampling,
         )
         out = []
         for result, limit in zip(results, limits, strict=True):

@@ -1,4 +1,4 @@
-"""Greedy and batched beam-search decoding on the key/value cache (pure PyTorch).
+"""Greedy, sampling and batched beam-search decoding on the key/value cache (pure PyTorch).
 
 ``generate`` runs under ``torch.inference_mode``; putting the model in eval mode (no dropout)
 is the caller's job. The special ids come from ``model.config`` (``bos_id``, ``eos_id``,
@@ -10,12 +10,16 @@ hypothesis that reaches the maximum length (``max_len_a * |src| + max_len_b`` to
 sentence, capped to ``max_positions``) stops there without an EOS. Beam search keeps a
 sentence's ``beam_size`` best unfinished hypotheses, collects those that emit EOS within the
 top ``beam_size`` candidates of a step, and finishes the sentence once it has ``beam_size``
-of them (as fairseq); decoding stops as soon as every sentence is finished.
+of them (as fairseq); decoding stops as soon as every sentence is finished. Sampling draws
+each token from the model's distribution divided by ``temperature`` and cut to the ``top_k``
+most likely tokens and to the smallest set whose probability reaches ``top_p``, with a
+generator seeded by ``seed`` (the same seed gives the same samples); its score is that of
+the model's own log-probabilities of the drawn tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -26,7 +30,7 @@ from aiayn.model.cache import KVCache
 from aiayn.model.masks import padding_mask
 from aiayn.model.transformer import Transformer
 
-STRATEGIES = ("greedy", "beam")
+STRATEGIES = ("greedy", "beam", "sample")
 
 
 @dataclass
@@ -40,6 +44,11 @@ class DecodeConfig:
     max_len_a: float = 1.0  # max output length = a * |src| + b
     max_len_b: int = 50
     nbest: int = 1
+    # strategy='sample': 0 = no top-k cut; 1.0 = no nucleus (top-p) cut
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,10 +76,18 @@ class DecodeConfig:
             raise ValueError(
                 f"DecodeConfig.nbest={self.nbest} exceeds DecodeConfig.beam_size={self.beam_size}"
             )
-        if self.strategy == "greedy" and self.nbest != 1:
+        if self.strategy != "beam" and self.nbest != 1:
             raise ValueError(
-                f"DecodeConfig.nbest={self.nbest} needs strategy='beam' (greedy gives one)"
+                f"DecodeConfig.nbest={self.nbest} needs strategy='beam' ({self.strategy} gives one)"
             )
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"DecodeConfig.top_k must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"DecodeConfig.top_p must lie in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
+            raise ValueError(f"DecodeConfig.temperature must be positive, got {self.temperature!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"DecodeConfig.seed must be an integer, got {self.seed!r}")
         for name in ("length_penalty", "max_len_a"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
@@ -122,7 +139,10 @@ def generate(
     cache = model.init_cache(memory, src_mask)
     max_lens = max_output_lengths(src_mask.sum(dim=-1).tolist(), config, model.config.max_positions)
     if config.strategy == "greedy":
-        return _greedy(model, cache, max_lens, config.length_penalty, src.device)
+        return _greedy(model, cache, max_lens, config.length_penalty, src.device, _argmax)
+    if config.strategy == "sample":
+        pick = _sampler(config, src.device)
+        return _greedy(model, cache, max_lens, config.length_penalty, src.device, pick)
     k, nbest, alpha = config.beam_size, config.nbest, config.length_penalty
     return _beam(model, cache, max_lens, k, nbest, alpha, src.device)
 
@@ -133,13 +153,45 @@ def _next_logprobs(model: Transformer, tokens: Tensor, cache: KVCache) -> Tensor
     return logits[:, -1].float().log_softmax(dim=-1)
 
 
+# log-probabilities (N, V) -> the chosen token's (log-probability (N, 1), id (N, 1))
+Pick = Callable[[Tensor], tuple[Tensor, Tensor]]
+
+
+def _argmax(logprobs: Tensor) -> tuple[Tensor, Tensor]:
+    """The most likely token of each row: (its log-probability (N, 1), its id (N, 1))."""
+    best, token = logprobs.max(dim=-1, keepdim=True)
+    return best, token
+
+
+def _sampler(config: DecodeConfig, device: torch.device) -> Pick:
+    """A `pick` that draws each row's token as `config` says (seeded, reproducible)."""
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    def pick(logprobs: Tensor) -> tuple[Tensor, Tensor]:
+        scores = logprobs / config.temperature
+        if config.top_k:
+            kth = scores.topk(min(config.top_k, scores.size(-1)), dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if config.top_p < 1:
+            ordered, order = scores.sort(dim=-1, descending=True)
+            probs = ordered.softmax(dim=-1)
+            beyond = probs.cumsum(dim=-1) - probs >= config.top_p  # the first always stays
+            scores = scores.scatter(-1, order, ordered.masked_fill(beyond, float("-inf")))
+        token = torch.multinomial(scores.softmax(dim=-1), 1, generator=generator)
+        return logprobs.gather(-1, token), token
+
+    return pick
+
+
 def _greedy(
     model: Transformer,
     cache: KVCache,
     max_lens: list[int],
     alpha: float,
     device: torch.device,
+    pick: Pick,
 ) -> list[list[Hypothesis]]:
+    """One token per step, chosen by `pick` (`_argmax`: greedy search; `_sampler`)."""
     B = len(max_lens)
     bos_id, eos_id = model.config.bos_id, model.config.eos_id
     limit = torch.tensor(max_lens, device=device)
@@ -149,7 +201,7 @@ def _greedy(
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     steps = []
     for step in range(max(max_lens)):
-        best, token = _next_logprobs(model, token, cache).max(dim=-1, keepdim=True)
+        best, token = pick(_next_logprobs(model, token, cache))
         alive = ~finished
         score = torch.where(alive, score + best[:, 0], score)
         length += alive.long()
