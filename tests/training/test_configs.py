@@ -197,6 +197,8 @@ def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
             "callbacks.early_stopping.monitor",
         ),
         (["+trainer.callbacks=[]"], "trainer.callbacks"),
+        (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "trainer.precision=16-mixed"),
+        (["trainer.accelerator=cpu", "trainer.devices=4096"], "trainer.devices=4096"),
     ],
 )
 def test_run_level_checks_name_the_key(overrides, message, tmp_path):

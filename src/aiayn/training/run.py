@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,8 +47,33 @@ def validate(cfg: DictConfig) -> TrainConfig:
         _check_resume(config)
     if config.init_from:
         _init_weights(config)  # read and checked before any work
+    _check_accelerator(config.trainer)
     _warn_emulated_bf16(config.trainer)
     return config
+
+
+def _on_cpu(trainer: dict[str, Any]) -> bool:
+    accelerator = str(trainer.get("accelerator", "auto"))
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def _check_accelerator(trainer: dict[str, Any]) -> None:
+    """Refuse settings a CPU cannot mean: float16 precision (Lightning would silently run
+    bfloat16) and more processes than cores."""
+    if not _on_cpu(trainer):
+        return
+    precision = str(trainer.get("precision", "32-true"))
+    if precision.startswith("16"):
+        raise ConfigError(
+            f"trainer.precision={precision} needs a GPU (on CPU Lightning would run bfloat16 "
+            "instead); use trainer.precision=32-true, or bf16-mixed on a CPU with AMX"
+        )
+    devices, cores = trainer.get("devices", 1), os.cpu_count() or 1
+    if isinstance(devices, int) and devices > cores:
+        raise ConfigError(
+            f"trainer.devices={devices} CPU processes but this machine has {cores} cores: "
+            f"each process would wait on the others; use trainer.devices<={cores}"
+        )
 
 
 def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -75,9 +101,7 @@ def _warn_emulated_bf16(trainer: dict[str, Any]) -> None:
     """bf16 precision on a CPU without native bf16 (no AVX-512 BF16 or AMX) runs matrix
     products emulated: warn with the measured slowdown before any work starts."""
     precision = str(trainer.get("precision", ""))
-    accelerator = str(trainer.get("accelerator", "auto"))
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if "bf16" not in precision or not on_cpu or bf16_native("cpu"):
+    if "bf16" not in precision or not _on_cpu(trainer) or bf16_native("cpu"):
         return
     slowdown = matmul_flops(torch.float32, 192, 3) / matmul_flops(torch.bfloat16, 192, 3)
     log.warning(
