@@ -263,3 +263,21 @@ def test_validation_decodes_with_val_decode_on_top_of_decode():
     assert module.decode_settings("test") == DecodeConfig(**decode)  # and in checkpoints
     old = TranslationModule(model=model, optim={}, decode=decode)  # saved without val_decode
     assert old.decode_settings("val") == old.decode_settings("test") == DecodeConfig(**decode)
+
+
+def test_last_checkpoint_is_also_written_on_a_time_interval(tmp_path):
+    """Killed mid-epoch with no validation yet, the run lost nothing but the update in
+    flight: last.ckpt was written on the (here tiny) time interval."""
+    import signal
+
+    steps = ["trainer.max_steps=30", "trainer.max_epochs=-1", "trainer.val_check_interval=30"]
+    steps += ["trainer.check_val_every_n_epoch=null", "model=tiny"]
+    kill = [
+        "+callbacks.kill._target_=tests.training.callbacks.KillAtStep",
+        "+callbacks.kill.step=6",
+    ]
+    interval = ["callbacks.last_checkpoint.every_minutes=1e-6"]
+    result = cli([*cli_overrides(tmp_path), *steps, *kill, *interval], tmp_path)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    (run,) = run_dirs(tmp_path)
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +12,25 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 class LastCheckpoint(ModelCheckpoint):
     """`<dirpath>/last.ckpt`: after every validation, every `every_n_train_steps` updates
-    (when > 0) and at the end of training, whatever the metrics did.
+    (when > 0), every `every_minutes` of training (when > 0; so a kill loses minutes, not an
+    epoch) and at the end of training, whatever the metrics did.
 
     (Lightning's `save_last` only writes when a top-k checkpoint was written in the same
     step.) Being a ModelCheckpoint, it runs after the other callbacks, so the state it saves
     (best score, early stopping) is final for the step; list it after `model_checkpoint`.
     """
 
-    def __init__(self, dirpath: str, every_n_train_steps: int = 0) -> None:
+    def __init__(
+        self, dirpath: str, every_n_train_steps: int = 0, every_minutes: float = 15.0
+    ) -> None:
         super().__init__(dirpath=dirpath, filename="last", monitor=None, save_top_k=0)
-        self.every = every_n_train_steps
+        if every_n_train_steps < 0 or every_minutes < 0:
+            raise ValueError(
+                "LastCheckpoint.every_n_train_steps and every_minutes must be >= 0 (0: off), "
+                f"got {every_n_train_steps} and {every_minutes}"
+            )
+        self.every, self.every_minutes = every_n_train_steps, every_minutes
+        self._saved_at = time.monotonic()
 
     @property
     def state_key(self) -> str:
@@ -31,18 +41,21 @@ class LastCheckpoint(ModelCheckpoint):
         return Path(self.dirpath) / "last.ckpt"
 
     def _save(self, trainer: L.Trainer) -> None:
+        self._saved_at = time.monotonic()
         self._save_checkpoint(trainer, str(self.path))
         for logger in trainer.loggers:  # the logged history reaches disk with the checkpoint
             logger.save()
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step  # unchanged on the micro-batches of an accumulation window
-        if (
-            self.every > 0
-            and step > 0
-            and step % self.every == 0
-            and step != self._last_global_step_saved
-        ):
+        if step == 0 or step == self._last_global_step_saved:
+            return
+        due = self.every > 0 and step % self.every == 0
+        if self.every_minutes > 0:
+            late = time.monotonic() - self._saved_at >= 60 * self.every_minutes
+            # saving is collective under DDP: every rank follows rank 0's clock
+            due = due or bool(trainer.strategy.broadcast(late))
+        if due:
             self._save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
