@@ -26,12 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from aiayn.callbacks import AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, to_schema
+from aiayn.console import closing_summary, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.machine import bf16_native, matmul_flops
-from aiayn.model.summary import format_parameter_summary, parameter_summary
+from aiayn.model import ModelConfig
+from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.module import TranslationModule
 
@@ -191,6 +193,7 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train (and test) as configured; returns the metrics also written to metrics.json."""
     start = time.perf_counter()
+    tidy_library_output()
     config = validate(cfg)
     trainer = build_trainer(config)
     loggers = trainer.loggers
@@ -199,7 +202,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         datamodule, module = build(config)
         summary = parameter_summary(module.model)
-        _log_run_info(trainer, cfg, summary, datamodule, output_dir)
+        _log_run_info(trainer, cfg, summary, module.model_config, datamodule, output_dir)
         metrics: dict[str, Any] = {}
         if config.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
@@ -265,12 +268,20 @@ def _log_run_info(
     trainer: L.Trainer,
     cfg: DictConfig,
     summary: dict[str, int],
+    model_config: ModelConfig,
     datamodule: TranslationDataModule,
     output_dir: Path,
 ) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     datamodule.tokenizers.save(output_dir)
     log.info("parameters:\n%s", format_parameter_summary(summary))
+    per_token = forward_flops(model_config, 1, 32, 32) / 32 / 1e6
+    log.info(
+        "%.1f MFLOP forward, %.1f MFLOP per training step, per target token (32-token "
+        "sentences on both sides)",
+        per_token,
+        3 * per_token,
+    )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams({**_swept_settings(), "config": resolved, "parameters": summary})
@@ -342,9 +353,7 @@ def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
 
 @rank_zero_only
 def _print_result(metrics: dict[str, Any]) -> None:
-    test = metrics.get("test") or {}
-    if "test/bleu" in test:
-        print(f"test/bleu = {test['test/bleu']:.2f}  (run dir: {metrics['run_dir']})")
+    print(closing_summary(metrics), flush=True)
 
 
 def _finish_wandb(loggers: list[Logger], failed: bool) -> None:

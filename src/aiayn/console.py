@@ -1,0 +1,69 @@
+"""What a run prints: each message once, in Hydra's format (console and `<run>/train.log`),
+without library noise a user cannot act on, and a closing summary that says where everything
+is and how to use it."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import warnings
+from pathlib import Path
+from typing import Any
+
+# Lightning adds its own console handler to these loggers when it is imported before Hydra
+# configures logging, so every line came out twice (once per format).
+LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+# Not actionable for an aiayn user: Lightning's advertisement.
+NOISE = ("💡 Tip:", "litlogger")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(marker in message for marker in NOISE)
+
+
+def tidy_library_output() -> None:
+    """Route library loggers through Hydra's handlers only, and drop noise at the source."""
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropNoise) for f in rank_zero.filters):
+        rank_zero.addFilter(_DropNoise())
+    # Lightning's own use of a torch API it has not caught up with; nothing a user can change
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+def closing_summary(metrics: dict[str, Any]) -> str:
+    """The lines printed when a run ends: results, where the files are, what to run next."""
+    run = Path(metrics["run_dir"])
+    test = metrics.get("test") or {}
+    best = metrics.get("test_checkpoint") or metrics.get("best_checkpoint")
+    lines = ["", "=" * 72]
+    results = [f"{k} = {v:.2f}" for k, v in sorted(test.items()) if isinstance(v, float)]
+    if "best" in metrics:
+        results += [f"best {k} = {v:.2f}" for k, v in metrics["best"].items()]
+    if results:
+        lines.append("result: " + ", ".join(results))
+    lines.append(f"run directory:  {run}")
+    for label, path in (
+        ("model (tested)", best),
+        ("last checkpoint", metrics.get("last_checkpoint")),
+        ("metrics", run / "metrics.json"),
+        ("tokenizer", run / "tokenizer.json"),
+        ("log", run / "train.log"),
+    ):
+        if path and Path(path).exists():
+            lines.append(f"{label + ':':<16}{path}")
+    wandb = sorted(run.glob("wandb/*run-*"))
+    if wandb:
+        lines.append(f"{'W&B run:':<16}{wandb[-1]}")
+    if best:
+        ckpt = shlex.quote(str(best))
+        lines.append("next:")
+        lines.append(f"  python evaluate.py ckpt_path={ckpt} decode=beam")
+        lines.append(f"  python translate.py ckpt_path={ckpt} input=src.txt output=hyp.txt")
+    lines.append("=" * 72)
+    return "\n".join(lines)
