@@ -1,4 +1,4 @@
-"""BPE Tokenizers: fixed special ids, text -> ids -> text round trip, save/load/state."""
+"""BPE and Unigram tokenizers: fixed special ids, round trips, save/load/state."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, models
 
 from aiayn.data.config import TokenizerConfig
 from aiayn.data.special import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
-from aiayn.data.tokenizer import Tokenizers, train_bpe
+from aiayn.data.tokenizer import Tokenizers, train_tokenizer
 from aiayn.data.toy import generate_pairs
 from aiayn.errors import DataError
 
@@ -20,7 +20,7 @@ CFG = TokenizerConfig(vocab_size=400, min_frequency=1)
 
 @pytest.fixture(scope="module")
 def joint() -> Tokenizers:
-    return Tokenizers(train_bpe(SRC + TGT, CFG))
+    return Tokenizers(train_tokenizer(SRC + TGT, CFG))
 
 
 def test_special_ids_are_fixed(joint: Tokenizers) -> None:
@@ -40,7 +40,7 @@ def test_decode_skips_specials(joint: Tokenizers) -> None:
 
 
 def test_separate_vocabularies_save_load_state(tmp_path: Path, joint: Tokenizers) -> None:
-    separate = Tokenizers(train_bpe(SRC, CFG), train_bpe(TGT, CFG))
+    separate = Tokenizers(train_tokenizer(SRC, CFG), train_tokenizer(TGT, CFG))
     assert not separate.joint and joint.joint
     assert separate.src.get_vocab() != separate.tgt.get_vocab()
     names = [path.name for path in separate.save(tmp_path / "sep")]
@@ -60,7 +60,7 @@ def test_separate_vocabularies_save_load_state(tmp_path: Path, joint: Tokenizers
 
 def test_lowercase_and_nfkc() -> None:
     cfg = TokenizerConfig(vocab_size=200, min_frequency=1, lowercase=True)
-    tokenizers = Tokenizers(train_bpe(SRC, cfg))
+    tokenizers = Tokenizers(train_tokenizer(SRC, cfg))
     assert tokenizers.decode(tokenizers.encode(["Anna ＳＥＥＳ"], "src"), "src") == ["anna sees"]
 
 
@@ -72,3 +72,29 @@ def test_wrong_special_tokens_are_rejected(tmp_path: Path) -> None:
         Tokenizers.load(tmp_path)
     with pytest.raises(DataError, match="not found"):
         Tokenizers.load(tmp_path / "missing")
+
+
+@pytest.fixture(scope="module")
+def unigram() -> Tokenizers:
+    return Tokenizers(train_tokenizer(SRC + TGT, TokenizerConfig(vocab_size=300, model="unigram")))
+
+
+def test_unigram_keeps_the_special_token_contract_and_round_trips(unigram, tmp_path) -> None:
+    assert [unigram.src.token_to_id(token) for token in SPECIAL_TOKENS] == [PAD, BOS, EOS, UNK]
+    assert unigram.src_vocab_size == 300
+    assert "Unigram" in unigram.src.to_str()[:2000]
+    ids = unigram.encode(SRC, "src")
+    assert all(min(row) > UNK for row in ids)
+    assert unigram.decode(ids, "src") == SRC
+    assert unigram.decode([[BOS, *ids[0], EOS, PAD]], "src") == [SRC[0]]
+    unigram.save(tmp_path)
+    assert Tokenizers.load(tmp_path).encode(SRC[:5], "src") == ids[:5]
+
+
+def test_unigram_and_bpe_segment_differently(unigram, joint) -> None:
+    assert unigram.encode(SRC[:50], "src") != joint.encode(SRC[:50], "src")
+
+
+def test_unknown_tokenizer_model_is_named() -> None:
+    with pytest.raises(ValueError, match=r"TokenizerConfig\.model='wordpiece'"):
+        TokenizerConfig(model="wordpiece")

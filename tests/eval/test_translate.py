@@ -13,7 +13,7 @@ import pytest
 
 from aiayn.data.config import TokenizerConfig
 from aiayn.data.dataset import collate_sources
-from aiayn.data.tokenizer import Tokenizers, train_bpe
+from aiayn.data.tokenizer import Tokenizers, train_tokenizer
 from aiayn.errors import CheckpointError, ConfigError, TranslationError
 from aiayn.inference import decode_config, load_checkpoint
 from aiayn.inference.translate import run
@@ -141,7 +141,7 @@ def test_mismatched_tokenizer(ckpt, tmp_path):
     import torch
 
     texts = ["a small corpus", "for a tokenizer", "of another size"] * 5
-    other = Tokenizers(train_bpe(texts, TokenizerConfig(vocab_size=40, min_frequency=1)))
+    other = Tokenizers(train_tokenizer(texts, TokenizerConfig(vocab_size=40, min_frequency=1)))
     other.save(tmp_path)
     given = str(tmp_path / "tokenizer.json")
     with pytest.raises(CheckpointError, match=r"differs from the one checkpoint .* was trained"):

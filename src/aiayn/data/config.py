@@ -16,17 +16,23 @@ def positive_int(owner: str, name: str, value: object) -> None:
         raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
 
 
+TOKENIZER_MODELS = ("bpe", "unigram")
+
+
 @dataclass
 class TokenizerConfig:
-    """How to get the BPE tokenizer(s).
+    """How to get the subword tokenizer(s).
 
     path: a `tokenizer.json` (joint) or a directory written by `Tokenizers.save`; when set, it
     is loaded and nothing is trained (its special tokens must be `<pad>,<bos>,<eos>,<unk>` with
-    ids 0-3). Otherwise BPE is trained on the train split: one vocabulary for both sides when
-    `joint` (needed for `model.share_embeddings=all`), else one per side.
+    ids 0-3). Otherwise one is trained on the train split: one vocabulary for both sides when
+    `joint` (needed for `model.share_embeddings=all`), else one per side. `model`: 'bpe'
+    (byte-pair merges) or 'unigram' (the unigram language model of SentencePiece;
+    `min_frequency` is BPE's only).
     """
 
     path: Optional[str] = None  # noqa: UP045
+    model: str = "bpe"
     vocab_size: int = 8000
     joint: bool = True
     lowercase: bool = False
@@ -36,6 +42,10 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         positive_int("TokenizerConfig", "vocab_size", self.vocab_size)
         positive_int("TokenizerConfig", "min_frequency", self.min_frequency)
+        if self.model not in TOKENIZER_MODELS:
+            raise ValueError(
+                f"TokenizerConfig.model={self.model!r} is unknown; use one of {TOKENIZER_MODELS}"
+            )
         if self.vocab_size <= 4:
             raise ValueError(
                 f"TokenizerConfig.vocab_size must exceed the 4 special tokens, got "

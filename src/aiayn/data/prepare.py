@@ -42,7 +42,7 @@ from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.sources import get_source
 from aiayn.data.sources.text import file_fingerprint
-from aiayn.data.tokenizer import SIDES, Tokenizers, train_bpe
+from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
 from aiayn.errors import DataError, exit_on_error
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ ENCODE_CHUNK = 100_000  # sentences per encode_batch call (bounds memory on WMT-
 
 def _settings(cfg: DataConfig) -> dict[str, object]:
     tokenizer = asdict(cfg.tokenizer)
+    if tokenizer["model"] == "bpe":  # the default: caches written before the key keep theirs
+        del tokenizer["model"]
     if cfg.tokenizer.path:
         path = Path(cfg.tokenizer.path)
         files = [path] if path.is_file() else sorted(path.glob("tokenizer*.json"))
@@ -115,9 +117,11 @@ def _get_tokenizers(cfg: DataConfig, src: list[str], tgt: list[str]) -> Tokenize
     if cfg.tokenizer.path:
         return Tokenizers.load(cfg.tokenizer.path)
     if cfg.tokenizer.joint:
-        return Tokenizers(train_bpe(itertools.chain(src, tgt), cfg.tokenizer, len(src) + len(tgt)))
+        return Tokenizers(
+            train_tokenizer(itertools.chain(src, tgt), cfg.tokenizer, len(src) + len(tgt))
+        )
     return Tokenizers(
-        train_bpe(src, cfg.tokenizer, len(src)), train_bpe(tgt, cfg.tokenizer, len(tgt))
+        train_tokenizer(src, cfg.tokenizer, len(src)), train_tokenizer(tgt, cfg.tokenizer, len(tgt))
     )
 
 

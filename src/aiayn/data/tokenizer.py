@@ -1,7 +1,8 @@
-"""BPE tokenizers (HF `tokenizers`) with the project's fixed special tokens.
+"""Subword tokenizers (HF `tokenizers`) with the project's fixed special tokens.
 
 Pipeline: NFKC (optional) + lowercase (optional) normalisation -> Metaspace pre-tokenizer
-(spaces become '▁', so decoding restores them exactly) -> BPE. Special tokens come from
+(spaces become '▁', so decoding restores them exactly) -> BPE or Unigram (SentencePiece's
+unigram language model). Special tokens come from
 `special.py` with ids 0-3; `encode` adds none, `decode` skips them. Characters never seen in
 training become `<unk>` and are dropped by `decode`.
 """
@@ -21,9 +22,13 @@ SIDES = ("src", "tgt")
 JOINT_FILE = "tokenizer.json"
 
 
-def train_bpe(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None) -> Tokenizer:
-    """Train a BPE tokenizer on texts (an iterator of sentences, `length` of them if known)."""
-    tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+def train_tokenizer(
+    texts: Iterable[str], cfg: TokenizerConfig, length: int | None = None
+) -> Tokenizer:
+    """Train a `cfg.model` ('bpe' or 'unigram') tokenizer on texts (an iterator of sentences,
+    `length` of them if known)."""
+    bpe = cfg.model == "bpe"
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN) if bpe else models.Unigram())
     steps = ([normalizers.NFKC()] if cfg.nfkc else []) + (
         [normalizers.Lowercase()] if cfg.lowercase else []
     )
@@ -31,11 +36,20 @@ def train_bpe(texts: Iterable[str], cfg: TokenizerConfig, length: int | None = N
         tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
+    trainer = (
+        trainers.BpeTrainer(
+            vocab_size=cfg.vocab_size,
+            min_frequency=cfg.min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            show_progress=False,
+        )
+        if bpe
+        else trainers.UnigramTrainer(
+            vocab_size=cfg.vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            unk_token=UNK_TOKEN,
+            show_progress=False,
+        )
     )
     tokenizer.train_from_iterator(texts, trainer, length=length)
     return tokenizer
