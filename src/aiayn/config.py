@@ -31,7 +31,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 T = TypeVar("T")
 
-TEST_CKPTS = ("best", "last", "averaged")
+TEST_CKPTS = ("best", "last", "averaged", "ema")
 
 # nested schemas name fields by class; users type them under these keys
 SCHEMA_KEYS = {
@@ -73,8 +73,8 @@ class TrainConfig:
     # while training, beam for the test split and in the checkpoint's settings)
     val_decode: dict[str, Any] = field(default_factory=dict)
     num_samples: int = 8  # sample translations shown per validation (console, W&B)
-    # which checkpoint the test split scores after training: best (val/bleu), last, or
-    # averaged (needs callbacks=[...,average])
+    # which checkpoint the test split scores after training: best (val/bleu), last,
+    # averaged (needs callbacks=[...,average]) or ema (needs callbacks=[...,ema])
     test_ckpt: str = "best"
     # fine-tune: a new run starting from this checkpoint's weights and tokenizer, with a fresh
     # optimizer, schedule and data position (fairseq --restore-file --reset-optimizer)
@@ -103,11 +103,12 @@ class TrainConfig:
             raise ConfigError(f"num_samples must be >= 0, got {self.num_samples}")
         if self.test_ckpt not in TEST_CKPTS:
             raise ConfigError(f"test_ckpt must be one of {TEST_CKPTS}, got {self.test_ckpt!r}")
-        if self.test_ckpt == "averaged" and "average" not in self.callbacks:
-            raise ConfigError(
-                "test_ckpt=averaged needs the averaging callback: add "
-                "'callbacks=[default,average]' or set test_ckpt=best"
-            )
+        for name, key in (("averaged", "average"), ("ema", "ema")):
+            if self.test_ckpt == name and key not in self.callbacks:
+                raise ConfigError(
+                    f"test_ckpt={name} needs the {key} callback: add "
+                    f"'callbacks=[default,{key}]' or set test_ckpt=best"
+                )
         try:
             self.decode.updated(self.val_decode)
         except ValueError as error:

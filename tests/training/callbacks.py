@@ -49,3 +49,27 @@ class NaNGradientAt(L.Callback):
             self.before = None
             with open(self.marker, "w") as file:
                 file.write("done")
+
+
+class WeightTrace(L.Callback):
+    """Save the module's floating weights at fit start and after every update to `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.trace = path, []
+
+    def _record(self, pl_module) -> None:
+        state = pl_module.state_dict()
+        self.trace.append(
+            {k: v.detach().clone() for k, v in state.items() if v.is_floating_point()}
+        )
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._record(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self._record(pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import torch
+
+        torch.save(self.trace, self.path)

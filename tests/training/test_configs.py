@@ -141,6 +141,7 @@ def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, n
         (["ckpt_path=/no/such.ckpt"], "ckpt_path"),
         (["test_ckpt=newest"], "test_ckpt"),
         (["test_ckpt=averaged"], "callbacks=\\[default,average\\]"),
+        (["test_ckpt=ema"], "callbacks=\\[default,ema\\]"),
         (["+val_decode.beam_width=3"], "beam_width"),
         (["+val_decode.strategy=sample"], "decode.strategy"),
     ],

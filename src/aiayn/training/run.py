@@ -24,7 +24,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.callbacks import AverageCheckpoints, LastCheckpoint, RNGState, Throughput
+from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, to_schema
 from aiayn.console import closing_summary, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
@@ -298,10 +298,12 @@ def _best_callback(trainer: L.Trainer) -> ModelCheckpoint | None:
 
 
 def _test_checkpoint(trainer: L.Trainer, config: TrainConfig) -> str | None:
-    """The checkpoint `test_ckpt` names: best (by the monitored metric), last or averaged."""
-    if config.test_ckpt == "averaged":
-        averaging = next(c for c in trainer.callbacks if isinstance(c, AverageCheckpoints))
-        return str(averaging.path(trainer))
+    """The checkpoint `test_ckpt` names: best (by the monitored metric), last, averaged or
+    ema."""
+    kinds = {"averaged": AverageCheckpoints, "ema": EMA}
+    if config.test_ckpt in kinds:
+        writer = next(c for c in trainer.callbacks if isinstance(c, kinds[config.test_ckpt]))
+        return str(writer.path(trainer))
     if config.test_ckpt == "last":
         return _last_checkpoint(trainer)
     return _best_checkpoint(trainer)
