@@ -1,0 +1,42 @@
+"""Where a training update's time goes: `torch.profiler` over aiayn's real update (the
+LightningModule's loss, backward, its optimizer's step) at one of `train_speed.py`'s shapes;
+prints the operators by total CPU time.
+
+    python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_speed import SHAPES, aiayn_step, random_batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--src-len", type=int, default=24)
+    parser.add_argument("--tgt-len", type=int, default=24)
+    parser.add_argument("--vocab", type=int, default=8000)
+    args = parser.parse_args()
+    batch = random_batch(args, torch.device("cpu"))
+    step = aiayn_step(SHAPES[args.shape], args.vocab, batch)
+    step()  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            step()
+    print(f"shape {args.shape}, {args.steps} updates, torch {torch.__version__}")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
