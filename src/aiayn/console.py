@@ -47,7 +47,7 @@ def closing_summary(metrics: dict[str, Any]) -> str:
         results += [f"best {k} = {v:.2f}" for k, v in metrics["best"].items()]
     if results:
         lines.append("result: " + ", ".join(results))
-    lines.append(f"run directory:  {run}")
+    lines.append(f"{'run directory:':<17}{run}")
     for label, path in (
         ("model (tested)", best),
         ("last checkpoint", metrics.get("last_checkpoint")),
@@ -56,10 +56,10 @@ def closing_summary(metrics: dict[str, Any]) -> str:
         ("log", run / "train.log"),
     ):
         if path and Path(path).exists():
-            lines.append(f"{label + ':':<16}{path}")
+            lines.append(f"{label + ':':<17}{path}")
     wandb = sorted(run.glob("wandb/*run-*"))
     if wandb:
-        lines.append(f"{'W&B run:':<16}{wandb[-1]}")
+        lines.append(f"{'W&B run:':<17}{wandb[-1]}")
     if best:
         ckpt = shlex.quote(str(best))
         lines.append("next:")

@@ -57,4 +57,4 @@ def test_the_summary_names_the_wandb_run(tmp_path):
     offline = tmp_path / "wandb" / "offline-run-20261123_120000-abc"
     offline.mkdir(parents=True)
     text = closing_summary({"run_dir": str(tmp_path), "test": {"test/bleu": 12.5}})
-    assert f"W&B run:        {offline}" in text and "test/bleu = 12.50" in text
+    assert f"W&B run:         {offline}" in text and "test/bleu = 12.50" in text
