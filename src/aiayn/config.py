@@ -141,6 +141,13 @@ def _check_inference(config: TranslateConfig | EvalConfig) -> None:
         )
     if config.engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {config.engine!r}")
+    if isinstance(config.ckpt_path, (list, tuple)) and (
+        not config.ckpt_path or config.engine != "torch" or config.ct2_path
+    ):
+        raise ConfigError(
+            "ckpt_path=[a.ckpt,b.ckpt,...] (an ensemble) needs at least one checkpoint and "
+            "decodes with engine=torch"
+        )
     if config.ct2_path and config.engine != "ctranslate2":
         raise ConfigError("ct2_path is a CTranslate2 export: add engine=ctranslate2")
     if config.ct2_compute_type not in COMPUTE_TYPES:
@@ -160,7 +167,7 @@ def _check_inference(config: TranslateConfig | EvalConfig) -> None:
 class TranslateConfig:
     """Everything `python translate.py` reads (conf/translate.yaml)."""
 
-    ckpt_path: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
+    ckpt_path: Any = None  # a checkpoint, or a list of them: an ensemble ([a.ckpt,b.ckpt])
     input: str = "-"  # a text file, or '-' for standard input
     output: str = "-"  # a text file, or '-' for standard output
     decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
@@ -182,7 +189,7 @@ class TranslateConfig:
 class EvalConfig:
     """Everything `python evaluate.py` reads (conf/eval.yaml)."""
 
-    ckpt_path: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
+    ckpt_path: Any = None  # a checkpoint, or a list of them: an ensemble ([a.ckpt,b.ckpt])
     data: Optional[DataConfig] = None  # noqa: UP045 (None: the checkpoint's run's data)
     decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
     split: str = "test"

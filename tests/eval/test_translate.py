@@ -4,12 +4,14 @@ so far); bad checkpoints and tokenizers fail clearly."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.data.config import TokenizerConfig
 from aiayn.data.dataset import collate_sources
@@ -95,6 +97,30 @@ def test_nbest_writes_n_scored_hypotheses_per_line_best_first(ckpt, lines, tmp_p
         assert len(mine) == 3 and scores == sorted(scores, reverse=True) and scores[0] < 0
         assert mine[0][1] == outputs[1][i]  # the best of the 3 is the plain output (nbest=1)
         assert len({e[1] for e in mine}) == 3  # three different hypotheses
+
+
+def test_an_ensemble_of_one_checkpoint_twice_translates_as_that_checkpoint(ckpt, lines, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    outputs = []
+    for value in (str(ckpt), f"[{ckpt},{ckpt}]"):
+        out = tmp_path / f"out{len(outputs)}.txt"
+        overrides = [f"ckpt_path={value}", f"input={src}", f"output={out}", "device=cpu"]
+        run(compose_config("translate", [*overrides, "decode=beam"], tmp_path / str(len(outputs))))
+        outputs.append(_read(out))
+    assert outputs[0] == outputs[1] and len(set(outputs[0])) > 2
+
+
+def test_an_ensemble_needs_one_tokenizer(ckpt, tmp_path):
+    other = tmp_path / "other.ckpt"
+    checkpoint = torch.load(ckpt, weights_only=True)
+    tokenizer = json.loads(checkpoint["tokenizers"]["joint"])
+    tokenizer["normalizer"] = None  # another tokenizer with the same vocabulary size
+    checkpoint["tokenizers"] = {"joint": json.dumps(tokenizer)}
+    torch.save(checkpoint, other)
+    overrides = [f"ckpt_path=[{ckpt},{other}]", "device=cpu", "input=-"]
+    with pytest.raises(CheckpointError, match="another tokenizer"):
+        run(compose_config("translate", overrides, tmp_path))
 
 
 def test_decode_config_merges_and_names_bad_keys():

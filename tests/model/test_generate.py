@@ -324,3 +324,41 @@ def test_generate_in_bfloat16() -> None:
         for hyps in generate(model, src, config):
             assert hyps[0].tokens == [5, 6, 7]
             assert all(math.isfinite(h.score) for h in hyps)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodeConfig(max_len_b=6),
+        DecodeConfig("beam", beam_size=3, nbest=2, max_len_b=6),
+        DecodeConfig("sample", seed=5, top_k=5, max_len_b=6),
+    ],
+    ids=["greedy", "beam", "sample"],
+)
+def test_an_ensemble_of_one_model_twice_decodes_as_that_model(config: DecodeConfig) -> None:
+    from aiayn.model.ensemble import Ensemble
+
+    model = peaky_model()
+    src, _ = padded_batch()
+    alone = generate(model, src, config)
+    twice = generate(Ensemble([model, model]), src, config)
+    for a, b in zip(alone, twice, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_an_ensemble_averages_its_members_probabilities() -> None:
+    from aiayn.model.ensemble import Ensemble
+
+    first, second = peaky_model(0), peaky_model(1)
+    src, _ = padded_batch()
+    ensemble = Ensemble([first, second])
+    (hyp,) = generate(ensemble, src[:1], DecodeConfig(max_len_b=4))[0]
+    tokens = torch.tensor([[BOS, *hyp.tokens]])
+    with torch.no_grad():
+        probs = [m(src[:1, :5], tokens).softmax(-1)[0] for m in (first, second)]
+    mean = (probs[0] + probs[1]) / 2
+    for step, token in enumerate(hyp.tokens):  # greedy on the mean probability
+        assert token == int(mean[step].argmax())
+    with pytest.raises(ValueError, match="tgt_vocab_size"):
+        Ensemble([first, tiny_model(0, tgt_vocab_size=19, share_embeddings="none")])

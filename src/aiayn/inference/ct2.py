@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import ConfigError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export.ctranslate2 import ctranslate2_module, read_metadata, vocabulary
 from aiayn.inference.translator import Translator, decode_config
 from aiayn.model import DecodeConfig, Hypothesis, ModelConfig
@@ -123,8 +123,31 @@ def _device(device: str) -> str:
     raise ConfigError(f"device={device!r}: engine=ctranslate2 runs on 'cpu', 'cuda' or 'auto'")
 
 
+def load_ensemble(
+    paths: list[str], device: str = "auto", tokenizer: str | None = None
+) -> Translator:
+    """One `Translator` over an `Ensemble` of the checkpoints (the first one's decode
+    settings); they must share the tokenizer (CheckpointError naming the one that differs)."""
+    from aiayn.inference.checkpoint import load_checkpoint
+    from aiayn.model.ensemble import Ensemble
+
+    members = [load_checkpoint(path, device, tokenizer) for path in paths]
+    first = members[0]
+    for path, member in zip(paths[1:], members[1:], strict=True):
+        if member.tokenizers.state() != first.tokenizers.state():
+            raise CheckpointError(
+                f"ensemble: {path} was trained with another tokenizer than {paths[0]}; the "
+                "members of an ensemble must share one vocabulary"
+            )
+    try:
+        ensemble = Ensemble([member.model for member in members])
+    except ValueError as error:
+        raise CheckpointError(f"ensemble of {', '.join(paths)}: {error}") from None
+    return Translator(ensemble, first.tokenizers, first.decode)  # type: ignore[arg-type]
+
+
 def load_translator(
-    ckpt_path: str | None,
+    ckpt_path: str | list[str] | None,
     device: str = "auto",
     tokenizer: str | None = None,
     engine: str = "torch",
@@ -141,6 +164,8 @@ def load_translator(
     if engine == "torch":
         if ct2_path:
             raise ConfigError("ct2_path is a CTranslate2 model: add engine=ctranslate2")
+        if isinstance(ckpt_path, (list, tuple)):
+            return load_ensemble(list(ckpt_path), device, tokenizer)
         return load_checkpoint(ckpt_path, device, tokenizer)  # type: ignore[arg-type]
     if tokenizer is not None:
         raise ConfigError("tokenizer=... is for engine=torch; an export carries its tokenizer")

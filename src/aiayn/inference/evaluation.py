@@ -49,8 +49,17 @@ def run_data_config(ckpt_path: str | Path) -> DataConfig:
     )
 
 
-def _data_of(ckpt_path: str | None, translator: Translator) -> DataConfig:
-    """The run's data config: beside the checkpoint, or stored in a CTranslate2 export."""
+def _resolved(ckpt_path: str | list[str] | None) -> str | list[str] | None:
+    if isinstance(ckpt_path, (list, tuple)):
+        return [str(Path(p).resolve()) for p in ckpt_path]
+    return str(Path(ckpt_path).resolve()) if ckpt_path else None
+
+
+def _data_of(ckpt_path: str | list[str] | None, translator: Translator) -> DataConfig:
+    """The run's data config: beside the (first) checkpoint, or stored in a CTranslate2
+    export."""
+    if isinstance(ckpt_path, (list, tuple)):
+        ckpt_path = ckpt_path[0]
     if ckpt_path:
         return run_data_config(ckpt_path)
     stored = getattr(translator, "metadata", {}).get("data")
@@ -120,7 +129,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         "split": config.split,
         "references_lowercased": lowercased,
         "num_sentences": len(hypotheses),
-        "checkpoint": str(Path(config.ckpt_path).resolve()) if config.ckpt_path else None,
+        "checkpoint": _resolved(config.ckpt_path),
         "engine": config.engine,
         "hypotheses": str(hyp_path),
         "decode": asdict(translator.decode),

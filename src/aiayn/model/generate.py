@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -29,6 +29,9 @@ from torch import Tensor
 from aiayn.model.cache import KVCache
 from aiayn.model.masks import padding_mask
 from aiayn.model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from aiayn.model.ensemble import Ensemble
 
 STRATEGIES = ("greedy", "beam", "sample")
 
@@ -121,14 +124,15 @@ def max_output_lengths(
 
 @torch.inference_mode()
 def generate(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     config: DecodeConfig,
     src_mask: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src (B, S)`` (``src_mask (B, S)`` True = real; default from ``pad_id``).
 
-    Decoding starts from ``model.config.bos_id`` and a hypothesis ends at
+    ``model`` is a Transformer or an `Ensemble` of them. Decoding starts from
+    ``model.config.bos_id`` and a hypothesis ends at
     ``model.config.eos_id``. Returns B lists of ``config.nbest`` hypotheses, best first. A
     sentence decodes the same alone and inside a padded batch; ``beam_size=1`` gives exactly
     the greedy result.
