@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from aiayn.machine import matmul_flops
+from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model.summary import forward_flops
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
@@ -44,7 +44,10 @@ class Throughput(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dtype = precision_dtype(trainer.precision)
-        size = 4096 if pl_module.device.type == "cuda" else 1024
+        device = pl_module.device
+        size = 4096 if device.type == "cuda" else 1024
+        if device.type == "cpu" and dtype != torch.float32 and not bf16_native("cpu"):
+            size = 256  # emulated half precision: ~100x slower, a small product says as much
         self.peak_flops = matmul_flops(dtype, size, 3, pl_module.device)
         self._start = time.perf_counter()
 
