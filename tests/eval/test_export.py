@@ -29,6 +29,7 @@ VARIANTS = {
     "share none": {"share_embeddings": "none", "tgt_vocab_size": 19},
     "share decoder": {"share_embeddings": "decoder", "tgt_vocab_size": 19},
     "factorized embeddings": {"d_embed": 6},
+    "pre-norm without final norms": {"norm_first": True, "final_norm": False},
     "pre-norm, learned, factorized, unshared": {
         "norm_first": True,
         "positional": "learned",
@@ -183,6 +184,12 @@ def test_export_and_translate_commands(ckpt, sources, translator, tmp_path):
 def test_engine_settings_are_checked_by_name(overrides, message, tmp_path):
     with pytest.raises(CONFIG_ERRORS, match=message):
         evaluate(compose_config("eval", overrides, tmp_path))
+
+
+def test_what_ctranslate2_cannot_express_is_refused_by_name(tmp_path):
+    model = tiny_model(final_norm=True)  # post-norm stacks with final norms (torch's default)
+    with pytest.raises(CONFIG_ERRORS, match=r"model\.final_norm=true on post-norm"):
+        model_spec(model, _vocab(23), _vocab(23))
 
 
 def test_export_config_and_foreign_directories_are_refused(tmp_path):

@@ -63,7 +63,7 @@ def closed_form(cfg: ModelConfig) -> int:
     norm = 2 * d
     encoder = cfg.num_encoder_layers * (attention + ffn + 2 * norm)
     decoder = cfg.num_decoder_layers * (2 * attention + ffn + 3 * norm)
-    finals = 2 * norm if cfg.norm_first else 0
+    finals = 2 * norm if cfg.has_final_norm else 0
     width = e or d
 
     def token(vocab: int) -> int:
@@ -93,6 +93,8 @@ def closed_form(cfg: ModelConfig) -> int:
         {"num_heads": 2, "d_ff": 64, "num_encoder_layers": 3, "num_decoder_layers": 1},
         {"head_dim": 4},
         {"head_dim": 12, "num_heads": 3, "share_embeddings": "none"},
+        {"final_norm": True, "activation_dropout": 0.1},
+        {"final_norm": False, "norm_first": True},
     ],
 )
 def test_parameter_count_closed_form(overrides: dict[str, Any]) -> None:

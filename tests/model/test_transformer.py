@@ -9,6 +9,15 @@ from torch import nn
 
 from aiayn.model import Transformer
 
+# post-norm (the paper), pre-norm, and torch.nn.Transformer's default (post-norm stacks with
+# final norms and dropout on the FFN activation)
+STACKS = [
+    {"norm_first": False},
+    {"norm_first": True},
+    {"norm_first": False, "final_norm": True, "activation_dropout": 0.1},
+]
+STACK_IDS = ["post-norm", "pre-norm", "torch-default"]
+
 
 def reference_from(model: Transformer) -> nn.Transformer:
     """An nn.Transformer holding the same weights as ``model``'s encoder/decoder stacks."""
@@ -48,7 +57,7 @@ def reference_from(model: Transformer) -> nn.Transformer:
             dst.multihead_attn.in_proj_bias.copy_(torch.cat([q.bias, kv.bias]))
             dst.multihead_attn.out_proj.load_state_dict(cross.out_proj.state_dict())
             copy_ff_norms(dst, src, 3)
-        if cfg.norm_first:
+        if cfg.has_final_norm:
             ref.encoder.norm.load_state_dict(model.encoder.norm.state_dict())
             ref.decoder.norm.load_state_dict(model.decoder.norm.state_dict())
         else:  # nn.Transformer always adds final norms; the post-norm paper model has none
@@ -58,10 +67,16 @@ def reference_from(model: Transformer) -> nn.Transformer:
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
-@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize(("norm_first", "final_norm"), [(False, None), (True, None), (False, True)])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_matches_torch_transformer(norm_first: bool, activation: str) -> None:
-    model = tiny_model(norm_first=norm_first, activation=activation)
+def test_matches_torch_transformer(norm_first: bool, final_norm, activation: str) -> None:
+    """(False, True): torch.nn.Transformer's default, post-norm stacks with final norms."""
+    model = tiny_model(norm_first=norm_first, final_norm=final_norm, activation=activation)
+    with torch.no_grad():  # trained-like norms, so that a missing or extra norm shows
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
     ref = reference_from(model)
     src = random_tokens(3, 7, 23, seed=1)
     tgt = random_tokens(3, 5, 23, seed=2)
@@ -85,9 +100,9 @@ def test_matches_torch_transformer(norm_first: bool, activation: str) -> None:
 
 
 @pytest.mark.parametrize("head_dim", [None, 2])  # 2: attention width 8 != d_model 16
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_no_future_leakage(norm_first: bool, head_dim: int | None) -> None:
-    model = tiny_model(norm_first=norm_first, head_dim=head_dim)
+@pytest.mark.parametrize("stack", STACKS, ids=STACK_IDS)
+def test_no_future_leakage(stack: dict, head_dim: int | None) -> None:
+    model = tiny_model(**stack, head_dim=head_dim)
     src = random_tokens(2, 6, 23, seed=3)
     tgt = random_tokens(2, 8, 23, seed=4)
     with torch.no_grad():
@@ -102,9 +117,9 @@ def test_no_future_leakage(norm_first: bool, head_dim: int | None) -> None:
 
 
 @pytest.mark.parametrize("head_dim", [None, 2])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_padding_invariance(norm_first: bool, head_dim: int | None) -> None:
-    model = tiny_model(norm_first=norm_first, head_dim=head_dim)
+@pytest.mark.parametrize("stack", STACKS, ids=STACK_IDS)
+def test_padding_invariance(stack: dict, head_dim: int | None) -> None:
+    model = tiny_model(**stack, head_dim=head_dim)
     src = random_tokens(3, 9, 23, seed=5)
     tgt = random_tokens(3, 7, 23, seed=6)
     src_len, tgt_len = 5, 4
@@ -119,12 +134,12 @@ def test_padding_invariance(norm_first: bool, head_dim: int | None) -> None:
 
 
 @pytest.mark.parametrize("head_dim", [None, 6])  # 6: attention width 24 > d_model 16
-@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("stack", STACKS, ids=STACK_IDS)
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_cached_decoding_equals_full_pass(
-    norm_first: bool, positional: str, head_dim: int | None
+    stack: dict, positional: str, head_dim: int | None
 ) -> None:
-    model = tiny_model(norm_first=norm_first, positional=positional, head_dim=head_dim)
+    model = tiny_model(**stack, positional=positional, head_dim=head_dim)
     src = random_tokens(3, 6, 23, seed=7)
     src[2, 3:] = PAD
     tgt = random_tokens(3, 9, 23, seed=8)
@@ -263,3 +278,14 @@ def test_bfloat16_close_to_float32() -> None:
         full = model(src, tgt)
         half = model.to(torch.bfloat16)(src, tgt).float()
     assert (half - full).abs().max() < 0.1 * full.abs().max()
+
+
+def test_activation_dropout_acts_inside_the_ffn_only_when_training() -> None:
+    src, tgt = random_tokens(2, 6, 23, seed=3), random_tokens(2, 5, 23, seed=4)
+    for rate, differs in ((0.0, False), (0.5, True)):
+        model = tiny_model(activation_dropout=rate).train()  # tiny: block dropout 0
+        assert model.encoder.layers[0].ff.dropout.p == rate
+        first, second = model(src, tgt), model(src, tgt)
+        assert (not torch.equal(first, second)) == differs
+        model.eval()
+        assert torch.equal(model(src, tgt), model(src, tgt))

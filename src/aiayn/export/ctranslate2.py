@@ -4,11 +4,13 @@ and Hugging Face users deploy with), and find or make the cached conversion of a
 Every `ModelConfig` converts exactly: post- and pre-norm, sinusoidal and learned positions
 (written out as a position table), relu and gelu, any `head_dim`, each `share_embeddings`
 mode, and factorized embeddings (`d_embed`: the projection is folded into a full
-`(V, d_model)` table, which is exact but no longer small). CTranslate2 reads token strings,
-so the vocabulary is the tokenizer's tokens in id order. The directory also holds
-`tokenizer.json` (or the src/tgt pair) and `aiayn.json` (model config, decode settings, the
-run's data config, and the checkpoint's SHA-256), so it translates on its own:
-`translate.py ct2_path=<dir>`.
+`(V, d_model)` table, which is exact but no longer small); dropout does not matter at
+inference. One setting is refused with a message naming it: `final_norm` on post-norm
+stacks (torch.nn.Transformer's default), which CTranslate2's post-norm layout lacks.
+CTranslate2 reads token strings, so the vocabulary is the tokenizer's tokens in id order.
+The directory also holds `tokenizer.json` (or the src/tgt pair)
+and `aiayn.json` (model config, decode settings, the run's data config, and the checkpoint's
+SHA-256), so it translates on its own: `translate.py ct2_path=<dir>`.
 
 Needs the optional extra: `pip install -e ".[export]"`.
 """
@@ -92,11 +94,17 @@ def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -
     from ctranslate2.specs import common_spec, transformer_spec
 
     config = model.config
+    if config.has_final_norm and not config.norm_first:
+        raise ConfigError(
+            "CTranslate2 cannot express model.final_norm=true on post-norm stacks "
+            "(model.norm_first=false): decode this model with engine=torch"
+        )
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
     common = {
         "pre_norm": config.norm_first,
         "activation": activation[config.activation],
         "head_dim": config.head_dim,
+        "no_final_norm": not config.has_final_norm,
     }
     encoder = transformer_spec.TransformerEncoderSpec(
         config.num_encoder_layers, config.num_heads, **common
@@ -129,7 +137,7 @@ def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -
         _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
         _norm(layer_spec.attention.layer_norm, layer.norm2)
         _feed_forward(layer_spec.ffn, layer.ff, layer.norm3)
-    if config.norm_first:
+    if config.has_final_norm:
         _norm(encoder.layer_norm, model.encoder.norm)
         _norm(decoder.layer_norm, model.decoder.norm)
 

@@ -39,12 +39,23 @@ class ModelConfig:
     # d_k = d_v per head; None: d_model / num_heads. Set, the attention width num_heads *
     # head_dim may differ from d_model (Table 3 row (B): smaller keys at fixed heads)
     head_dim: Optional[int] = None  # noqa: UP045
+    # a LayerNorm after each stack: None = only when pre-norm (the paper); True on post-norm
+    # stacks too = torch.nn.Transformer's default
+    final_norm: Optional[bool] = None  # noqa: UP045
+    # dropout on the FFN's hidden activation (torch.nn.Transformer: = dropout; fairseq
+    # --activation-dropout); 0 = none (the paper)
+    activation_dropout: float = 0.0
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether each stack ends in a LayerNorm (`final_norm`, default: when pre-norm)."""
+        return self.norm_first if self.final_norm is None else bool(self.final_norm)
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field(s) and what to do."""
@@ -66,6 +77,10 @@ class ModelConfig:
         ):
             raise ValueError(
                 f"ModelConfig.d_embed must be a positive integer or null, got {self.d_embed!r}"
+            )
+        if not 0.0 <= self.activation_dropout < 1.0:
+            raise ValueError(
+                f"ModelConfig.activation_dropout must lie in [0, 1), got {self.activation_dropout}"
             )
         if self.head_dim is not None and (
             not isinstance(self.head_dim, int)

@@ -34,16 +34,20 @@ def residual(
 
 
 class FeedForward(nn.Module):
-    """``linear2(activation(linear1(x)))``: ``(B, T, D)`` -> ``(B, T, D)`` through ``d_ff``."""
+    """``linear2(dropout(activation(linear1(x))))``: ``(B, T, D)`` -> ``(B, T, D)`` through
+    ``d_ff`` (the inner dropout is ``activation_dropout``, 0 in the paper)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0
+    ) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.activation(self.linear1(x)))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
 class EncoderLayer(nn.Module):
@@ -55,7 +59,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadSelfAttention(
             d, config.num_heads, config.attention_dropout, config.head_dim
         )
-        self.ff = FeedForward(d, config.d_ff, config.activation)
+        self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
@@ -79,7 +83,7 @@ class DecoderLayer(nn.Module):
         d, h, p = config.d_model, config.num_heads, config.attention_dropout
         self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim)
         self.cross_attn = MultiHeadCrossAttention(d, h, p, config.head_dim)
-        self.ff = FeedForward(d, config.d_ff, config.activation)
+        self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.norm3 = nn.LayerNorm(d)

@@ -29,12 +29,13 @@ from aiayn.model.masks import attention_mask, causal_mask, padding_mask
 
 
 class Encoder(nn.Module):
-    """A stack of ``EncoderLayer`` (+ final LayerNorm when pre-norm): ``(B, S, D)`` -> same."""
+    """A stack of ``EncoderLayer`` (+ a final LayerNorm: ``config.has_final_norm``):
+    ``(B, S, D)`` -> same."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_encoder_layers))
-        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+        self.norm = nn.LayerNorm(config.d_model) if config.has_final_norm else nn.Identity()
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """``x (B, S, D)``, ``mask (B|1, 1, 1|S, S)`` -> ``(B, S, D)``."""
@@ -44,12 +45,13 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A stack of ``DecoderLayer`` (+ final LayerNorm when pre-norm): ``(B, T, D)`` -> same."""
+    """A stack of ``DecoderLayer`` (+ a final LayerNorm: ``config.has_final_norm``):
+    ``(B, T, D)`` -> same."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_decoder_layers))
-        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+        self.norm = nn.LayerNorm(config.d_model) if config.has_final_norm else nn.Identity()
 
     def forward(
         self,
