@@ -321,10 +321,11 @@ def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:
         raise ConfigError(message) from None
 
 
-def resume_run_dir(ckpt_path: str | None, default: str) -> str:
-    """The run directory to write to: the one holding `ckpt_path` when it is a checkpoint of
-    an earlier run (`<run>/checkpoints/x.ckpt` with `<run>/.hydra/`), else `default`."""
-    if ckpt_path:
+def resume_run_dir(ckpt_path: str | None, default: str, train: bool = True) -> str:
+    """The run directory to write to: when training resumes from a checkpoint of an earlier
+    run (`<run>/checkpoints/x.ckpt` with `<run>/.hydra/`), that run's; else `default` (a
+    test-only run, `train=false`, never writes into the run it tests)."""
+    if ckpt_path and train:
         run = Path(ckpt_path).resolve().parent.parent
         if Path(ckpt_path).resolve().parent.name == "checkpoints" and (run / ".hydra").is_dir():
             return str(run)

@@ -260,3 +260,17 @@ def test_bf16_on_a_cpu_without_native_bf16_is_warned_before_any_work(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="aiayn.training.run"):
         validate(compose_train(["trainer.accelerator=cpu"], output_dir=tmp_path))
     assert "bfloat16" not in caplog.text
+
+
+def test_only_training_continues_in_the_run_directory_of_its_checkpoint(tmp_path):
+    from aiayn.config import resume_run_dir
+
+    run = tmp_path / "runs" / "earlier"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    ckpt = run / "checkpoints" / "last.ckpt"
+    ckpt.write_bytes(b"")
+    fresh = str(tmp_path / "runs" / "new")
+    assert resume_run_dir(str(ckpt), fresh) == str(run)  # resume: the same run
+    assert resume_run_dir(str(ckpt), fresh, train=False) == fresh  # test-only: its own
+    assert resume_run_dir(None, fresh) == fresh
