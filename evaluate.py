@@ -16,7 +16,7 @@ register()
 def main(cfg: DictConfig) -> float:
     from aiayn.inference.evaluation import run
 
-    return run(cfg)["bleu"]
+    return run(cfg).get("bleu")  # the objective for Hydra sweepers; none with mode=score
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 T = TypeVar("T")
 
+EVAL_MODES = ("translate", "score")
 TEST_CKPTS = ("best", "last", "averaged", "ema")
 
 # nested schemas name fields by class; users type them under these keys
@@ -193,6 +194,8 @@ class EvalConfig:
     data: Optional[DataConfig] = None  # noqa: UP045 (None: the checkpoint's run's data)
     decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
     split: str = "test"
+    # translate: decode and score BLEU; score: the NLL of the references (per sentence)
+    mode: str = "translate"
     tok_bleu: bool = False
     batch_size: int = 64
     on_long: str = "truncate"
@@ -207,6 +210,10 @@ class EvalConfig:
         _check_inference(self)
         if self.split not in ROLES:
             raise ConfigError(f"split must be one of {ROLES}, got {self.split!r}")
+        if self.mode not in EVAL_MODES:
+            raise ConfigError(f"mode must be one of {EVAL_MODES}, got {self.mode!r}")
+        if self.mode == "score" and self.engine != "torch":
+            raise ConfigError("mode=score runs the PyTorch model: drop engine=ctranslate2")
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
@@ -101,3 +102,33 @@ def test_moses_tokenize_reproduces_the_published_tokenized_multi30k(multi30k_roo
     raw = (multi30k_root / f"test2016.{lang}").read_text(encoding="utf-8").splitlines()
     tok = multi30k_root / "tok" / f"test2016.lc.norm.tok.{lang}"
     assert moses_tokenize(raw, lang) == tok.read_text(encoding="utf-8").splitlines()
+
+
+def test_score_mode_gives_each_references_nll(ckpt, translator, data_overrides, tmp_path):
+    import math
+
+    import torch
+
+    from aiayn.data.dataset import collate
+
+    overrides = [f"ckpt_path={ckpt}", "device=cpu", "mode=score", "batch_size=7"]
+    result = run(compose_config("eval", [*overrides, *data_overrides], tmp_path))
+    rows = [line.split("\t") for line in Path(result["scores"]).read_text().splitlines()]
+    assert rows[0] == ["line", "tokens", "nll", "nll_per_token", "ppl"]
+    sources, references = read_split(run_data_config(ckpt), "test")
+    assert len(rows) - 1 == len(references) == result["num_sentences"]
+    tokenizers = translator.tokenizers
+    for line in (1, len(references)):  # first and last, each alone through the model
+        src = tokenizers.encode([sources[line - 1]], "src")[0]
+        tgt = tokenizers.encode([references[line - 1]], "tgt")[0]
+        batch = collate([(0, src, tgt)])
+        with torch.no_grad():
+            logprobs = translator.model(batch.src, batch.tgt_in).log_softmax(-1)
+        nll = -logprobs[0].gather(-1, batch.tgt_out[0, :, None]).sum().item()
+        tokens, total = int(rows[line][1]), float(rows[line][2])
+        assert tokens == len(tgt) + 1 and total == pytest.approx(nll, abs=1e-3)
+    tokens = sum(int(r[1]) for r in rows[1:])
+    total = sum(float(r[2]) for r in rows[1:])
+    assert result["nll_per_token"] == pytest.approx(total / tokens, rel=1e-4)
+    assert result["ppl"] == pytest.approx(math.exp(total / tokens), rel=1e-4)
+    assert json.loads((tmp_path / "score.json").read_text())["tokens"] == tokens

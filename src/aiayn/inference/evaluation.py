@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from aiayn.data import read_split
 from aiayn.data.config import DataConfig
 from aiayn.errors import ConfigError
 from aiayn.inference.ct2 import load_translator
+from aiayn.inference.scoring import score_pairs
 from aiayn.inference.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,39 @@ def run_data_config(ckpt_path: str | Path) -> DataConfig:
         f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
         "corpus, e.g. data=multi30k"
     )
+
+
+def _score_references(
+    config: EvalConfig, translator: Translator, sources: list[str], references: list[str]
+) -> dict[str, Any]:
+    """mode=score: `scores.<split>.tsv` (per pair: tokens, NLL, NLL per token, PPL) and
+    `score.json` (the corpus NLL per token and PPL)."""
+    scored = score_pairs(translator, sources, references, config.batch_size)
+    output_dir = Path(config.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    table = output_dir / f"scores.{config.split}.tsv"
+    lines = ["line\ttokens\tnll\tnll_per_token\tppl"]
+    for line, (tokens, nll) in enumerate(scored, start=1):
+        lines.append(
+            f"{line}\t{tokens}\t{nll:.4f}\t{nll / tokens:.4f}\t{math.exp(nll / tokens):.3f}"
+        )
+    table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tokens, nll = sum(t for t, _ in scored), sum(n for _, n in scored)
+    result = {
+        "split": config.split,
+        "num_sentences": len(scored),
+        "tokens": tokens,
+        "nll_per_token": nll / tokens,
+        "ppl": math.exp(nll / tokens),
+        "checkpoint": _resolved(config.ckpt_path),
+        "scores": str(table),
+    }
+    (output_dir / "score.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"{config.split}: NLL {result['nll_per_token']:.4f} nats per token, PPL {result['ppl']:.3f}"
+    )
+    log.info("wrote %s and %s", table, output_dir / "score.json")
+    return result
 
 
 def _resolved(ckpt_path: str | list[str] | None) -> str | list[str] | None:
@@ -114,6 +149,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     translator = translator.with_settings(config.decode, config.on_long)
     data = config.data or _data_of(config.ckpt_path, translator)
     sources, references = read_split(data, config.split)
+    if config.mode == "score":
+        return _score_references(config, translator, sources, references)
     lowercased = translator.tokenizers.lowercases("tgt")
     if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
         references = [r.lower() for r in references]
