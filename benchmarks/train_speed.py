@@ -39,7 +39,9 @@ SHAPES = {  # d_model, layers (each side), heads, d_ff
 SMOOTHING, DROPOUT = 0.1, 0.1
 
 
-def aiayn_step(shape: tuple[int, ...], vocab: int, batch: Batch) -> Callable[[], None]:
+def aiayn_step(
+    shape: tuple[int, ...], vocab: int, batch: Batch, compile: bool = False
+) -> Callable[[], None]:
     d, layers, heads, ff = shape
     config = ModelConfig(
         src_vocab_size=vocab,
@@ -53,7 +55,8 @@ def aiayn_step(shape: tuple[int, ...], vocab: int, batch: Batch) -> Callable[[],
         max_positions=256,
     )
     optim = {"schedule": "inverse_sqrt", "lr": 1e-3, "warmup_steps": 100}
-    module = TranslationModule(asdict(config), optim, {}).to(batch.src.device).train()
+    module = TranslationModule(asdict(config), optim, {}, compile=compile)
+    module = module.to(batch.src.device).train()
     optimizer = module.configure_optimizers()["optimizer"]
 
     def step() -> None:
@@ -194,6 +197,9 @@ def main() -> None:
     ]:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--shapes", default="tiny,small,base")
+    parser.add_argument(
+        "--compile", action="store_true", help="aiayn with torch.compile (`compile=true`)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
@@ -209,7 +215,7 @@ def main() -> None:
     print(
         f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens, vocab "
         f"{args.vocab}, label smoothing {SMOOTHING}, dropout {DROPOUT}, "
-        f"{'bf16 autocast' if cuda else 'fp32'}"
+        f"{'bf16 autocast' if cuda else 'fp32'}{', aiayn compiled' if args.compile else ''}"
     )
     print(
         "| shape | aiayn tgt tok/s | HF Marian | torch.nn.Transformer "
