@@ -12,6 +12,7 @@ lives next to the code it configures (`ModelConfig` in model/, `DataConfig` in d
 
 from __future__ import annotations
 
+import datetime
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -353,6 +354,21 @@ def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> No
             )
 
 
+_RESUME_SUBDIRS: dict[str, str] = {}
+
+
+def resume_output_subdir(ckpt_path: str | None, train: bool = True) -> str:
+    """Hydra's `output_subdir` (where it saves config.yaml and overrides.yaml): `.hydra`, or
+    for a resumed run `.hydra/resume-<time>`, so that resuming never rewrites the original
+    run's record (the files its README commands reuse). One name per process."""
+    if not (ckpt_path and train) or resume_run_dir(ckpt_path, "", train) == "":
+        return ".hydra"
+    if ckpt_path not in _RESUME_SUBDIRS:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        _RESUME_SUBDIRS[ckpt_path] = f".hydra/resume-{stamp}"
+    return _RESUME_SUBDIRS[ckpt_path]
+
+
 def accumulate_for(
     tokens_per_update: int, max_tokens: int, devices: Any, num_nodes: int = 1
 ) -> int:
@@ -384,6 +400,7 @@ def register() -> None:
     for name, schema in SCHEMAS.items():
         store.store(name=name, node=schema)
     OmegaConf.register_new_resolver("aiayn_run_dir", resume_run_dir, replace=True)
+    OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
 
 

@@ -89,6 +89,14 @@ def test_resume_with_a_different_model_is_refused_before_any_work(tmp_path):
     )
     assert result.returncode != 0
     assert "model.num_heads=4" in result.stderr and "model.num_heads=2" in result.stderr
+    record = {p: p.read_bytes() for p in [*run.glob(".hydra/*.yaml"), run / "tokenizer.json"]}
+    other = [f"ckpt_path={last}", "data.tokenizer.vocab_size=300"]  # another tokenizer
+    result = cli([*cli_overrides(tmp_path), *TOY, *other], tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "trained with another tokenizer" in result.stderr
+    for path, content in record.items():  # the original run's record is as it was
+        assert path.read_bytes() == content, path
+    assert len(record) == 4  # config, hydra, overrides, tokenizer
 
 
 def test_ddp_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path):

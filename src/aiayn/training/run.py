@@ -170,6 +170,8 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
         config = replace(config, data=replace(config.data, tokenizer=tokenizer))
     datamodule = TranslationDataModule(config.data, seed=config.seed)
     datamodule.prepare_data()
+    if config.ckpt_path:
+        _check_resumed_tokenizer(config.ckpt_path, datamodule.tokenizers)
     model_config = replace(
         config.model,
         src_vocab_size=datamodule.src_vocab_size,
@@ -250,6 +252,17 @@ def _check_resume(config: TrainConfig) -> None:
                     f"this run has {group}.{key}={value!r}: resume with the overrides of the "
                     "original run (its .hydra/overrides.yaml) plus ckpt_path"
                 )
+
+
+def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
+    """A run resumes with the tokenizer it was trained with (before anything is written)."""
+    saved = read_checkpoint(ckpt_path).get("tokenizers")
+    if saved and Tokenizers.from_state(saved).state() != tokenizers.state():
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} was trained with another tokenizer than the data settings "
+            "give now (data.tokenizer.* or the corpus differ): resume with the original run's "
+            "overrides (its .hydra/overrides.yaml) plus ckpt_path"
+        )
 
 
 def _check_callbacks(config: TrainConfig) -> None:
