@@ -281,3 +281,21 @@ def test_last_checkpoint_is_also_written_on_a_time_interval(tmp_path):
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
     (run,) = run_dirs(tmp_path)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def test_keep_last_keeps_the_newest_step_checkpoints(tmp_path):
+    from aiayn.training.run import run
+    from tests.helpers import compose_train
+
+    overrides = ["model=tiny", "trainer.max_steps=6", "trainer.max_epochs=-1", "test=false"]
+    overrides += ["trainer.val_check_interval=6", "trainer.check_val_every_n_epoch=null"]
+    overrides += ["callbacks.last_checkpoint.every_n_train_steps=1"]
+    overrides += ["callbacks.last_checkpoint.keep_last=3", "~callbacks.rich_progress_bar"]
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    (directory / "step-best.ckpt").write_bytes(b"not ours")  # left alone
+    run(compose_train(overrides, output_dir=tmp_path))
+    kept = sorted(p.name for p in directory.glob("step*.ckpt"))
+    assert kept == ["step-best.ckpt", "step4.ckpt", "step5.ckpt", "step6.ckpt"]
+    for step in (4, 5, 6):
+        assert torch.load(directory / f"step{step}.ckpt", weights_only=True)["global_step"] == step

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 class LastCheckpoint(ModelCheckpoint):
     """`<dirpath>/last.ckpt`: after every validation, every `every_n_train_steps` updates
     (when > 0), every `every_minutes` of training (when > 0; so a kill loses minutes, not an
-    epoch) and at the end of training, whatever the metrics did.
+    epoch) and at the end of training, whatever the metrics did. With `keep_last` N > 0 each
+    of those writes is also kept as `step<update>.ckpt` (a hard link where the file system
+    allows, else a copy), the newest N of them (e.g. for `python -m aiayn.averaging --last N`).
 
     (Lightning's `save_last` only writes when a top-k checkpoint was written in the same
     step.) Being a ModelCheckpoint, it runs after the other callbacks, so the state it saves
@@ -21,15 +25,23 @@ class LastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(
-        self, dirpath: str, every_n_train_steps: int = 0, every_minutes: float = 15.0
+        self,
+        dirpath: str,
+        every_n_train_steps: int = 0,
+        every_minutes: float = 15.0,
+        keep_last: int = 0,
     ) -> None:
         super().__init__(dirpath=dirpath, filename="last", monitor=None, save_top_k=0)
-        if every_n_train_steps < 0 or every_minutes < 0:
+        if every_n_train_steps < 0 or every_minutes < 0 or keep_last < 0:
             raise ValueError(
-                "LastCheckpoint.every_n_train_steps and every_minutes must be >= 0 (0: off), "
-                f"got {every_n_train_steps} and {every_minutes}"
+                "LastCheckpoint.every_n_train_steps, every_minutes and keep_last must be >= 0 "
+                f"(0: off), got {every_n_train_steps}, {every_minutes} and {keep_last}"
             )
-        self.every, self.every_minutes = every_n_train_steps, every_minutes
+        self.every, self.every_minutes, self.keep_last = (
+            every_n_train_steps,
+            every_minutes,
+            keep_last,
+        )
         self._saved_at = time.monotonic()
 
     @property
@@ -43,8 +55,23 @@ class LastCheckpoint(ModelCheckpoint):
     def _save(self, trainer: L.Trainer) -> None:
         self._saved_at = time.monotonic()
         self._save_checkpoint(trainer, str(self.path))
+        if self.keep_last and trainer.is_global_zero:
+            self._keep_step_copy(trainer.global_step)
         for logger in trainer.loggers:  # the logged history reaches disk with the checkpoint
             logger.save()
+
+    def _keep_step_copy(self, step: int) -> None:
+        """`step<step>.ckpt` beside last.ckpt; only the newest `keep_last` stay."""
+        kept = Path(self.dirpath) / f"step{step}.ckpt"
+        kept.unlink(missing_ok=True)
+        try:
+            os.link(self.path, kept)  # last.ckpt is replaced by rename: the link keeps this one
+        except OSError:
+            shutil.copyfile(self.path, kept)
+        ours = (p for p in Path(self.dirpath).glob("step*.ckpt") if _step_number(p) >= 0)
+        steps = sorted(ours, key=_step_number)  # step<digits>.ckpt only: others are not ours
+        for old in steps[: -self.keep_last]:
+            old.unlink(missing_ok=True)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step  # unchanged on the micro-batches of an accumulation window
@@ -68,3 +95,8 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step:
             self._save(trainer)
+
+
+def _step_number(path: Path) -> int:
+    digits = path.stem.removeprefix("step")
+    return int(digits) if digits.isdigit() else -1
