@@ -24,7 +24,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self) -> tuple:
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -100,7 +100,7 @@ READERS = {
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_a_malicious_checkpoint_runs_nothing_in_any_command(reader, malicious, tmp_path):
     path, marker = malicious
-    with pytest.raises(AiaynError, match="evil.ckpt") as error:
+    with pytest.raises(AiaynError, match=r"evil\.ckpt") as error:
         READERS[reader](path, tmp_path)
     assert "cannot read checkpoint" in str(error.value) or "not an aiayn" in str(error.value)
     assert not marker.exists()
