@@ -119,7 +119,7 @@ CONFIGS = [  # (command, overrides, what the message must name)
     ("train", ["optim.betas=[1.0,0.9]"], "optim.betas"),
     ("train", ["optim.max_nonfinite_updates=-1"], "optim.max_nonfinite_updates"),
     ("train", ["optim.warmup_steps=-5"], "optim.warmup_steps"),
-    ("train", ["+decode.beam_size=0"], "decode.beam_size"),
+    ("train", ["decode.beam_size=0"], "decode.beam_size"),
     ("train", ["+val_decode.top_p=2.0"], "val_decode.top_p"),
     ("train", ["test_ckpt=ema"], "callbacks=[default,ema]"),
     ("train", ["init_from=/no/such.ckpt"], "init_from"),
@@ -132,7 +132,7 @@ CONFIGS = [  # (command, overrides, what the message must name)
     ("eval", ["ckpt_path=x.ckpt", "mode=score", "engine=ctranslate2"], "mode=score"),
     ("translate", ["ckpt_path=x.ckpt", "on_long=maybe"], "on_long"),
     ("translate", ["ckpt_path=x.ckpt", "ct2_compute_type=int4"], "ct2_compute_type"),
-    ("translate", ["ckpt_path=[]"], "ensemble"),
+    ("translate", ["ckpt_path=[]"], "ckpt_path is required"),
     ("translate", [], "ckpt_path is required"),
     ("export", ["ckpt_path=x.ckpt", "output_dir=o", "format=onnx"], "format"),
     ("export", ["ckpt_path=x.ckpt", "output_dir=o", "quantization=int3"], "quantization"),
@@ -173,7 +173,7 @@ CORPORA = {
     "a missing file": ({"train.en": GOOD}, "train.de"),
     "misaligned files": ({"train.en": GOOD, "train.de": "x y\n"}, "train"),
     "an empty training file": ({"train.en": "", "train.de": ""}, "train.en"),
-    "invalid UTF-8": ({"train.en": GOOD, "train.de": b"ok\n\xff\xfe\n"}, "train.de:2"),
+    "invalid UTF-8": ({"train.en": GOOD, "train.de": b"ok\n\xff\xfe\n"}, "train.de, line 2"),
 }
 
 

@@ -174,7 +174,12 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     texts = {role: source.read(role) for role in ROLES}
     for role, (src, _) in texts.items():
         if not src:
-            raise DataError(f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty")
+            files = ", ".join(str(f) for f in getattr(source, "files", dict)().get(role, []))
+            where = f" ({files})" if files else ""
+            raise DataError(
+                f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty{where}: "
+                "it needs at least one sentence pair"
+            )
     seconds["read"] = time.perf_counter() - start
 
     start = time.perf_counter()
