@@ -85,6 +85,7 @@ def test_cli_missing_checkpoint_and_unknown_key(tmp_path):
         run(compose_config("eval", ["ckpt_path=x.ckpt", "+splitt=val"], tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit", ["data.test_split=val", "+data.max_len=64"])
 def test_cli_editing_the_runs_data_without_choosing_data_is_named(edit, tmp_path):
     args = [f"ckpt_path={tmp_path / 'missing.ckpt'}", edit, f"paths.log_dir={tmp_path}"]

@@ -150,6 +150,7 @@ def test_conversion_is_cached_beside_the_checkpoint_and_refreshed(ckpt, tmp_path
     assert isinstance(translator, CT2Translator) and translator.directory == first
 
 
+@pytest.mark.slow
 def test_export_and_translate_commands(ckpt, sources, translator, tmp_path):
     out, small = tmp_path / "exported", tmp_path / "int8"
     args = [f"ckpt_path={ckpt}", f"output_dir={out}", f"paths.log_dir={tmp_path}"]

@@ -27,6 +27,7 @@ def test_fine_tuning_starts_from_the_checkpoints_weights_and_tokenizer(ckpt, tmp
     assert module.tokenizers.state() == Tokenizers.from_state(saved["tokenizers"]).state()
 
 
+@pytest.mark.slow
 def test_fine_tuning_run_has_a_fresh_optimizer_and_its_own_directory(ckpt, tmp_path):
     steps = ["trainer.max_steps=4", "trainer.max_epochs=-1", "trainer.val_check_interval=4"]
     steps += ["trainer.check_val_every_n_epoch=null", "test=false"]

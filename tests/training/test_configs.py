@@ -143,7 +143,7 @@ def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, n
         (["test_ckpt=averaged"], "callbacks=\\[default,average\\]"),
         (["test_ckpt=ema"], "callbacks=\\[default,ema\\]"),
         (["+val_decode.beam_width=3"], "beam_width"),
-        (["+val_decode.strategy=sample"], "decode.strategy"),
+        (["+val_decode.strategy=nucleus"], "decode.strategy"),
     ],
 )
 def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import cli, cli_overrides, run_dirs
 
 NOISE = ("💡", "litlogger", "LeafSpec", "FLOPs │", "Total FLOPs: 0")
 
 
+@pytest.mark.slow
 def test_a_run_prints_each_line_once_without_noise_and_ends_with_a_summary(tmp_path):
     steps = ["trainer.max_steps=12", "trainer.max_epochs=-1", "trainer.val_check_interval=12"]
     steps += ["trainer.check_val_every_n_epoch=null", "model=tiny", "logger=csv"]

@@ -265,6 +265,7 @@ def test_validation_decodes_with_val_decode_on_top_of_decode():
     assert old.decode_settings("val") == old.decode_settings("test") == DecodeConfig(**decode)
 
 
+@pytest.mark.slow
 def test_last_checkpoint_is_also_written_on_a_time_interval(tmp_path):
     """Killed mid-epoch with no validation yet, the run lost nothing but the update in
     flight: last.ckpt was written on the (here tiny) time interval."""

@@ -109,6 +109,7 @@ class TranslationModule(L.LightningModule):
         if str(self.trainer.precision).startswith("16") or bool(torch.isfinite(norm)):
             self.nonfinite_in_row = 0
             self.last_finite = (self.trainer.global_step, self._step_loss)
+            self.log("train/skipped_updates", float(self.skipped_updates))
             return
         self.nonfinite_in_row += 1
         self.skipped_updates += 1

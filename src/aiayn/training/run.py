@@ -167,8 +167,10 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
         directory = Path(config.paths.output_dir) / "init_tokenizer"
         Tokenizers.from_state(tokenizer_state).save(directory)
         tokenizer = replace(config.data.tokenizer, path=str(directory))
-        config = replace(config, data=replace(config.data, tokenizer=tokenizer))
-    datamodule = TranslationDataModule(config.data, seed=config.seed)
+        data = replace(config.data, tokenizer=tokenizer)
+    else:
+        data = config.data
+    datamodule = TranslationDataModule(data, seed=config.seed)
     datamodule.prepare_data()
     if config.ckpt_path:
         _check_resumed_tokenizer(config.ckpt_path, datamodule.tokenizers)
