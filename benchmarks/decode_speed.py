@@ -181,3 +181,7 @@ def main() -> None:
         name = "greedy" if beams == 1 else f"beam {beams}"
         hf_s = seconds[-1]
         print(f"| {name} | {rates} | {hf_s / seconds[0]:.2f}x | {hf_s / seconds[2]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
