@@ -198,6 +198,8 @@ def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
             "callbacks.early_stopping.monitor",
         ),
         (["+trainer.callbacks=[]"], "trainer.callbacks"),
+        # keys of an option that is not selected (here: the averaging callback's)
+        (["+callbacks.average.last=5"], "callbacks.average sets"),
         (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "trainer.precision=16-mixed"),
         (["trainer.accelerator=cpu", "trainer.devices=4096"], "trainer.devices=4096"),
     ],

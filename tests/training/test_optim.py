@@ -26,6 +26,22 @@ def test_inverse_sqrt_warms_up_linearly_then_decays():
     assert inverse_sqrt(400, 100) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "constant"])
+def test_warmup_start_factor_lifts_the_ramp_and_keeps_the_decay(schedule):
+    ramp = OptimConfig(schedule=schedule, lr=1.0, warmup_steps=100)
+    flat = OptimConfig(schedule=schedule, lr=1.0, warmup_steps=100, warmup_start_factor=1.0)
+    half = OptimConfig(schedule=schedule, lr=1.0, warmup_steps=100, warmup_start_factor=0.5)
+    f_ramp, f_flat, f_half = (lr_multiplier(c, 64) for c in (ramp, flat, half))
+    peak = f_ramp(99)  # update 100, the end of the warmup
+    assert f_ramp(0) == pytest.approx(peak / 100)
+    # no ramp: the peak from the first update, the same schedule from the end of the warmup
+    assert [f_flat(i) for i in (0, 10, 50)] == pytest.approx([peak] * 3)
+    assert f_half(0) == pytest.approx(peak * (0.5 + 0.5 / 100))
+    assert f_half(49) == pytest.approx(peak * 0.75)
+    for i in (99, 150, 399, 5000):
+        assert f_flat(i) == pytest.approx(f_ramp(i)) == pytest.approx(f_half(i))
+
+
 def test_scheduler_steps_per_update_with_the_configured_base_lr():
     cfg = OptimConfig(schedule="noam", lr=2.0, warmup_steps=10)
     param = torch.nn.Parameter(torch.zeros(1))
@@ -46,6 +62,7 @@ def test_scheduler_steps_per_update_with_the_configured_base_lr():
     [
         ({"schedule": "cosine"}, "optim.schedule"),
         ({"lr": 0.0}, "optim.lr"),
+        ({"warmup_start_factor": 1.5}, "optim.warmup_start_factor"),
         ({"warmup_steps": -1}, "optim.warmup_steps"),
         ({"schedule": "noam", "warmup_steps": 0}, "optim.warmup_steps"),
         ({"betas": [0.9]}, "optim.betas"),

@@ -67,5 +67,7 @@ def test_multi30k_recipes_run_end_to_end(experiment, tmp_path, multi30k_root):
     metrics = run(compose_train(overrides, tmp_path))
     assert metrics["test"]["test/loss"] > 0
     assert metrics["parameters"]["total"] > 1e6
-    # the recipe's rule: the test split scores the average of the last checkpoints
-    assert metrics["test_checkpoint"] == str(tmp_path / "checkpoints" / "averaged.ckpt")
+    # the recipe's rule: the test split scores the average of the last checkpoints (the
+    # Table 3 job's budget holds too few: its last weights)
+    final = "last" if experiment == "multi30k_cpu_table3" else "averaged"
+    assert metrics["test_checkpoint"] == str(tmp_path / "checkpoints" / f"{final}.ckpt")

@@ -268,6 +268,14 @@ def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
 
 
 def _check_callbacks(config: TrainConfig) -> None:
+    for group in ("callbacks", "logger"):
+        for key, node in getattr(config, group).items():
+            if node and "_target_" not in node:
+                raise ConfigError(
+                    f"{group}.{key} sets {sorted(node)} but names no class (_target_): its "
+                    f"group option is not selected; add it ({group}=[...,{key}]) or drop "
+                    f"the keys ({group}.{key}=null)"
+                )
     if config.val_bleu:
         return
     for key, node in config.callbacks.items():

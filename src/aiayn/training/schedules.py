@@ -19,11 +19,15 @@ class OptimConfig:
     schedule 'noam': lr = lr · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (paper: lr 1).
     schedule 'inverse_sqrt': linear warmup to `lr`, then lr · sqrt(warmup / step) (fairseq).
     schedule 'constant': linear warmup to `lr`, then `lr`.
+    The warmup ramp starts at `warmup_start_factor` x the peak (0: from zero; 1: no ramp, the
+    peak from the first update and the same decay after `warmup_steps`; torch's
+    LinearLR.start_factor).
     """
 
     schedule: str = "noam"
     lr: float = 1.0
     warmup_steps: int = 4000
+    warmup_start_factor: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
     weight_decay: float = 0.0
@@ -43,6 +47,10 @@ class OptimConfig:
             )
         if self.schedule == "noam" and self.warmup_steps == 0:
             raise ValueError("optim.warmup_steps must be positive for the 'noam' schedule")
+        if not 0.0 <= self.warmup_start_factor <= 1.0:
+            raise ValueError(
+                f"optim.warmup_start_factor must lie in [0, 1], got {self.warmup_start_factor!r}"
+            )
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)!r}")
         if not self.eps > 0:
@@ -60,31 +68,40 @@ class OptimConfig:
             )
 
 
-def noam(step: int, warmup: int, d_model: int) -> float:
+def _ramp(step: int, warmup: int, start: float) -> float:
+    """The warmup ramp at update `step` (1-based) as a fraction of the peak: linear from
+    `start` to 1 over `warmup` updates."""
+    return start + (1.0 - start) * min(1.0, step / warmup)
+
+
+def noam(step: int, warmup: int, d_model: int, start: float = 0.0) -> float:
     """The paper's rate at update `step` (1-based):
-    d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
+    d_model^-0.5 · min(step^-0.5, step · warmup^-1.5) (`start` > 0 lifts the ramp)."""
     step = max(step, 1)
-    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    if step < warmup:
+        return d_model**-0.5 * warmup**-0.5 * _ramp(step, warmup, start)
+    return d_model**-0.5 * step**-0.5
 
 
-def inverse_sqrt(step: int, warmup: int) -> float:
+def inverse_sqrt(step: int, warmup: int, start: float = 0.0) -> float:
     """Multiplier: linear warmup to 1 over `warmup` updates, then sqrt(warmup / step)."""
     step = max(step, 1)
     if step < warmup:
-        return step / warmup
+        return _ramp(step, warmup, start)
     return math.sqrt(max(warmup, 1) / step)
 
 
-def constant(step: int, warmup: int) -> float:
+def constant(step: int, warmup: int, start: float = 0.0) -> float:
     """Multiplier: linear warmup to 1 over `warmup` updates, then 1."""
     step = max(step, 1)
-    return min(1.0, step / warmup) if warmup > 0 else 1.0
+    return _ramp(step, warmup, start) if warmup > 0 else 1.0
 
 
 def lr_multiplier(config: OptimConfig, d_model: int):
     """`LambdaLR` factor for `config`: maps the 0-based update count to lr / config.lr."""
+    start = config.warmup_start_factor
     if config.schedule == "noam":
-        return lambda i: noam(i + 1, config.warmup_steps, d_model)
+        return lambda i: noam(i + 1, config.warmup_steps, d_model, start)
     if config.schedule == "inverse_sqrt":
-        return lambda i: inverse_sqrt(i + 1, config.warmup_steps)
-    return lambda i: constant(i + 1, config.warmup_steps)
+        return lambda i: inverse_sqrt(i + 1, config.warmup_steps, start)
+    return lambda i: constant(i + 1, config.warmup_steps, start)
