@@ -63,6 +63,8 @@ class TranslationModule(L.LightningModule):
         self.nonfinite_in_row, self.skipped_updates = 0, 0
         self.last_finite: tuple[int, Tensor | None] = (0, None)
         self._step_loss: Tensor | None = None
+        # target tokens of the current update on this rank (token-normalised gradients)
+        self._update_tokens = 0
         self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.bleu = nn.ModuleDict({"val": SacreBLEUScore(), "test": SacreBLEUScore()})
 
@@ -89,6 +91,11 @@ class TranslationModule(L.LightningModule):
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        """The loss of one update is normalised by the target tokens of the whole update, over
+        its accumulation steps and DDP ranks (fairseq's semantics): each micro-batch
+        back-propagates its summed loss and `on_before_optimizer_step` divides the gradients
+        by the update's token count. With one micro-batch on one rank that is the batch's
+        mean, used as is. `train/loss` stays the per-token mean of each micro-batch."""
         loss, nll = self.losses(batch)
         self._step_loss = loss.detach()
         size = batch.src.size(0)
@@ -96,13 +103,36 @@ class TranslationModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
         self.log("train/ppl", torch.exp(nll.detach()), batch_size=size, sync_dist=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
-        return loss
+        if not self._normalises_over_update():
+            return loss
+        tokens = int(batch.tgt_out.ne(self.model_config.pad_id).sum())
+        self._update_tokens += tokens
+        return loss * tokens
+
+    def _normalises_over_update(self) -> bool:
+        """Whether an update spans several micro-batches (accumulation or DDP ranks)."""
+        return self.trainer.accumulate_grad_batches > 1 or self.trainer.world_size > 1
+
+    def _normalise_gradients(self) -> None:
+        """Gradients of the summed losses -> gradients of the update's per-token mean. Lightning
+        divided each micro-batch's loss by the accumulation count and DDP averaged over ranks;
+        both are undone by the factor."""
+        tokens = torch.tensor(float(self._update_tokens), device=self.device)
+        self._update_tokens = 0
+        if self.trainer.world_size > 1:
+            tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
+        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / tokens.clamp(min=1)
+        for param in self.parameters():
+            if param.grad is not None:
+                param.grad.mul_(scale.to(param.grad.dtype))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Log the gradient norm; skip an update whose gradients are not finite (its
         gradients are dropped, so the optimizer leaves every weight as it is), and stop the
         run after `optim.max_nonfinite_updates` such updates in a row. Under `16-mixed`
         precision the GradScaler already skips them."""
+        if self._normalises_over_update():
+            self._normalise_gradients()
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads)
         self.log("train/grad_norm", norm)
