@@ -180,6 +180,8 @@ class TranslateConfig:
     engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
+    # a text file with one target prefix per input line, forced at the start of its output
+    prefix_file: Optional[str] = None  # noqa: UP045
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "translate"
 

@@ -90,6 +90,19 @@ def test_trained_checkpoint_gives_the_same_greedy_translations(translator, expor
         assert a[0].tokens == b[0].tokens
 
 
+def test_a_forced_prefix_decodes_as_aiayn_does(translator, exported, sources):
+    """CTranslate2's target_prefix behind decode.prefix / prefix_file: the same greedy
+    tokens as aiayn's forced search, starting with the prefix."""
+    greedy = {"strategy": "greedy", "max_len_a": 1.0, "max_len_b": 10}
+    torch_engine = translator.with_settings(greedy)
+    ct2 = CT2Translator(exported, "cpu").with_settings(greedy)
+    firsts = [t.split()[0] for t in reference_translations(torch_engine, sources)]
+    prefixes = [*firsts[1:], firsts[0]]
+    expected = torch_engine.translate(sources, prefixes=prefixes)
+    assert ct2.translate(sources, prefixes=prefixes) == expected
+    assert all(t.startswith(p) for t, p in zip(expected, prefixes, strict=True))
+
+
 def test_beam_one_is_greedy_and_nbest_is_ordered(exported, sources, translator):
     ct2 = CT2Translator(exported, "cpu")
     src, _ = _collate(translator, sources)

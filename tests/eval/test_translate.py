@@ -212,3 +212,56 @@ def test_required_and_unknown_keys(tmp_path):
         run(compose_config("translate", ["ckpt_path=x.ckpt", "on_long=skip"], tmp_path))
     with pytest.raises(CONFIG_ERRORS, match="beam_sise"):
         run(compose_config("translate", ["ckpt_path=x.ckpt", "+beam_sise=3"], tmp_path))
+
+
+def test_prefixes_force_the_start_of_each_output(ckpt, translator, lines, tmp_path):
+    """decode.prefix (every line) and prefix_file (one per line; blank forces nothing), with
+    greedy and beam n-best: each output starts with its prefix, which is not where the plain
+    output starts; a prefix equal to the plain output's first word changes nothing."""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plain = reference_translations(translator, lines)
+    firsts = [t.split()[0] for t in plain if t]
+    rotated = iter(firsts[1:] + firsts[:1])  # another line's first word
+    forced = [next(rotated) if line.strip() else "" for line in lines]
+    forced[-1] = plain[-1].split()[0]  # its own first word
+    assert sum(not p.startswith(f) for p, f in zip(plain, forced, strict=True) if f) >= 2
+    prefix_file = tmp_path / "prefixes.txt"
+    prefix_file.write_text("\n".join(forced) + "\n", encoding="utf-8")
+    base = [f"ckpt_path={ckpt}", f"input={src}", "device=cpu", "batch_size=3"]
+    for extra in ([], ["decode=beam", "+decode.nbest=2"]):
+        out = tmp_path / f"out{len(extra)}.txt"
+        overrides = [*base, f"output={out}", f"prefix_file={prefix_file}", *extra]
+        run(compose_config("translate", overrides, tmp_path / f"p{len(extra)}"))
+        got = _read(out)
+        if extra:  # n-best entries: <line> ||| <text> ||| <score>
+            got = [e.split(" ||| ") for e in got]
+            assert all(e[1].startswith(forced[int(e[0])]) for e in got)
+            continue
+        assert all(g.startswith(f) for g, f in zip(got, forced, strict=True))
+        assert got[-1] == plain[-1]
+        assert got[1] == "" and got[3] == ""
+    out = tmp_path / "same.txt"
+    word = firsts[1]
+    overrides = [*base, f"output={out}", f"+decode.prefix='{word}'"]
+    run(compose_config("translate", overrides, tmp_path / "same"))
+    got = _read(out)
+    assert all(g.startswith(word) for g, line in zip(got, lines, strict=True) if line.strip())
+
+
+def test_a_prefix_file_must_match_the_input_line_for_line(ckpt, lines, tmp_path):
+    src, out, prefixes = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "p.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prefixes.write_text("a\nb\n", encoding="utf-8")
+    overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "device=cpu"]
+    overrides += ["batch_size=1", f"prefix_file={prefixes}"]
+    with pytest.raises(TranslationError, match=rf"{prefixes} has 2 lines, {src} more"):
+        run(compose_config("translate", overrides, tmp_path))
+    assert len(_read(out)) == 2  # the lines that had a prefix were translated and kept
+    prefixes.write_text("\n".join(["x"] * (len(lines) + 1)) + "\n", encoding="utf-8")
+    with pytest.raises(TranslationError, match=f"{prefixes} has more lines than the {len(lines)}"):
+        run(compose_config("translate", overrides, tmp_path))
+    assert len(_read(out)) == len(lines)
+    missing = [o for o in overrides if not o.startswith("prefix_file")]
+    with pytest.raises(TranslationError, match=r"prefix_file .*nope\.txt not found"):
+        run(compose_config("translate", [*missing, f"prefix_file={tmp_path}/nope.txt"], tmp_path))

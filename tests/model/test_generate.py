@@ -362,3 +362,57 @@ def test_an_ensemble_averages_its_members_probabilities() -> None:
         assert token == int(mean[step].argmax())
     with pytest.raises(ValueError, match="tgt_vocab_size"):
         Ensemble([first, tiny_model(0, tgt_vocab_size=19, share_embeddings="none")])
+
+
+PREFIX_CONFIGS = [
+    DecodeConfig(max_len_b=6),
+    DecodeConfig("beam", beam_size=3, nbest=3, max_len_b=6),
+    DecodeConfig("sample", seed=5, top_k=5, max_len_b=6),
+]
+
+
+@pytest.mark.parametrize("config", PREFIX_CONFIGS, ids=["greedy", "beam", "sample"])
+def test_a_forced_prefix_starts_every_output(config: DecodeConfig) -> None:
+    """Each row's output starts with its prefix (rows differ; [] forces nothing), for every
+    strategy and for an ensemble; the prefix's tokens are scored as teacher forcing scores
+    them; a prefix longer than the length limit is kept whole."""
+    from aiayn.model.ensemble import Ensemble
+
+    model = peaky_model(3, eos_id=11)
+    src, _ = padded_batch()
+    prefix = [[20, 21, 22, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15], [6], []]
+    for decoder in (model, Ensemble([model, model])):
+        hyps = generate(decoder, src, config, prefix=prefix)
+        plain = generate(decoder, src, config)
+        for row, forced in enumerate(prefix):
+            for h in hyps[row]:
+                assert h.tokens[: len(forced)] == forced
+        assert [h.tokens for h in hyps[2]] == [h.tokens for h in plain[2]]
+    assert len(hyps[0][0].tokens) >= len(prefix[0])  # longer than 1 * |src| + 6 would allow
+    if config.strategy == "greedy":  # the score includes the forced tokens' log-probabilities
+        (h,) = hyps[1]
+        ended = len(h.tokens) < int((src[1] != PAD).sum()) + 6  # else cut at the limit
+        target = [*h.tokens, 11] if ended else h.tokens
+        with torch.no_grad():
+            logits = model(src[1:2], torch.tensor([[BOS, *target[:-1]]]))
+        logp = logits[0].log_softmax(-1).gather(1, torch.tensor(target)[:, None]).sum()
+        assert h.score == pytest.approx(logp.item() / length_penalty(len(target), 0.6), abs=1e-4)
+
+
+def test_forcing_the_greedy_output_s_own_start_changes_nothing() -> None:
+    model = peaky_model(2, eos_id=11)
+    src, _ = padded_batch()
+    config = DecodeConfig(max_len_b=6)
+    greedy = generate(model, src, config)
+    prefix = [h[0].tokens[:2] for h in greedy]
+    assert generate(model, src, config, prefix=prefix) == greedy  # tokens and scores
+
+
+def test_a_prefix_that_fills_the_positions_is_refused() -> None:
+    model = peaky_model()
+    src, _ = padded_batch()
+    width = model.config.max_positions
+    with pytest.raises(ValueError, match="leaves no room"):
+        generate(model, src, DecodeConfig(), prefix=[[5] * width, [], []])
+    with pytest.raises(ValueError, match="prefix token 23 is not in the target vocabulary"):
+        generate(model, src, DecodeConfig(), prefix=[[5, 23], [], []])

@@ -57,7 +57,8 @@ class CT2Translator(Translator):
         self.decode = decode or DecodeConfig(**metadata["decode"])
         super().__init__(None, self.tokenizers, self.decode, on_long)  # type: ignore[arg-type]
         self.src_tokens = vocabulary(self.tokenizers, "src")
-        self.tgt_ids = {token: i for i, token in enumerate(vocabulary(self.tokenizers, "tgt"))}
+        self.tgt_tokens = vocabulary(self.tokenizers, "tgt")
+        self.tgt_ids = {token: i for i, token in enumerate(self.tgt_tokens)}
 
     @property
     def max_positions(self) -> int:
@@ -81,17 +82,29 @@ class CT2Translator(Translator):
             engine=self.engine,
         )
 
-    def generate(self, src: Tensor, decode: DecodeConfig | None = None) -> list[list[Hypothesis]]:
-        """`src (B, S)` token ids (x + EOS, padded) -> n-best hypotheses per row."""
+    def generate(
+        self,
+        src: Tensor,
+        decode: DecodeConfig | None = None,
+        prefix: list[list[int]] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """`src (B, S)` token ids (x + EOS, padded) -> n-best hypotheses per row; `prefix`:
+        target ids each row's output must start with ([] for none)."""
         config = decode or self.decode
         pad = self.config.pad_id
         rows = [[int(i) for i in row if i != pad] for row in src.tolist()]
         limits = max_output_lengths([len(r) for r in rows], config, self.max_positions)
+        options: dict[str, Any] = {}
+        if prefix is not None:  # room for the prefix and one more token, as aiayn's search
+            limits = [
+                min(max(n, len(p) + 1), self.max_positions)
+                for n, p in zip(limits, prefix, strict=True)
+            ]
+            options["target_prefix"] = [[self.tgt_tokens[i] for i in p] for p in prefix]
         beam = config.beam_size if config.strategy == "beam" else 1
-        sampling = {}
         if config.strategy == "sample":
             ctranslate2_module().set_random_seed(config.seed)
-            sampling = {
+            options |= {
                 "sampling_topk": config.top_k,  # 0: the whole vocabulary, as aiayn
                 "sampling_topp": config.top_p,
                 "sampling_temperature": config.temperature,
@@ -105,7 +118,7 @@ class CT2Translator(Translator):
             max_decoding_length=max(limits),
             min_decoding_length=0,
             return_scores=True,
-            **sampling,
+            **options,
         )
         out = []
         for result, limit in zip(results, limits, strict=True):

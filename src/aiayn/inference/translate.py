@@ -9,6 +9,11 @@ With `decode.nbest` N > 1 each input line gives N output lines, best first, in t
 n-best format `<input line, from 0> ||| <translation> ||| <score>` (the score is the
 length-normalised log-probability the beam ranks by; a blank input line gives one entry with
 an empty translation and score 0). With N = 1 the output is one plain translation per line.
+
+`decode.prefix=<text>` forces every output to start with that text; `prefix_file=<file>`
+gives one prefix per input line (its lines must match the input's one to one; a blank one
+forces nothing). The prefix is tokenized with the target tokenizer, so a lowercasing model's
+output starts with the lowercased prefix.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,34 +42,76 @@ def translate_stream(
     out: TextIO,
     batch_size: int,
     source: str,
+    prefixes: Iterable[str | bytes] | None = None,
+    prefix_source: str = "<prefixes>",
 ) -> int:
     """Translate `lines` batch by batch, writing and flushing each batch's translations to
-    `out` (one per line, newline-terminated); returns the number of lines."""
+    `out` (one per line, newline-terminated); returns the number of lines. `prefixes` (one
+    per line of `lines`, from `prefix_source`) force the start of each translation."""
     batch: list[str] = []
+    forced: list[str] | None = None if prefixes is None else []
+    prefix_lines = None if prefixes is None else iter(prefixes)
     count = 0
+
+    def flush() -> None:
+        _write(out, translator, batch, count - len(batch) + 1, source, forced)
+        batch.clear()
+        if forced is not None:
+            forced.clear()
+
     for count, line in enumerate(lines, start=1):
-        if isinstance(line, bytes):  # decoded line by line, so an error can name its line
-            try:
-                line = line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                if batch:  # what came before the bad line is translated and kept
-                    _write(out, translator, batch, count - len(batch), source)
-                raise TranslationError(
-                    f"{source}:{count}: not valid UTF-8 ({error.reason} at byte "
-                    f"{error.start}); the {count - 1} lines before it were translated"
-                ) from None
-        batch.append(line.rstrip("\r\n"))
+        try:
+            line = _text(line, source, count)
+            if prefix_lines is not None and forced is not None:
+                prefix = next(prefix_lines, None)
+                if prefix is None:
+                    raise TranslationError(
+                        f"{prefix_source} has {count - 1} lines, {source} more: give one "
+                        "prefix per input line (a blank one forces nothing)"
+                    )
+                forced.append(_text(prefix, prefix_source, count))
+        except TranslationError as error:
+            count -= 1
+            if batch:  # what came before the bad line is translated and kept
+                flush()
+            message = f"{error}; the {count} lines before it were translated"
+            raise TranslationError(message) from None
+        batch.append(line)
         if len(batch) == batch_size:
-            _write(out, translator, batch, count - len(batch) + 1, source)
-            batch = []
+            flush()
     if batch:
-        _write(out, translator, batch, count - len(batch) + 1, source)
+        flush()
+    if prefix_lines is not None and next(prefix_lines, None) is not None:
+        raise TranslationError(
+            f"{prefix_source} has more lines than the {count} of {source} (all {count} were "
+            "translated): give one prefix per input line"
+        )
     return count
 
 
-def _write(out: TextIO, translator: Translator, batch: list[str], first: int, source: str) -> None:
+def _text(line: str | bytes, source: str, number: int) -> str:
+    """`line` as text without its newline; bytes are decoded here, so an error names the
+    line."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise TranslationError(
+                f"{source}:{number}: not valid UTF-8 ({error.reason} at byte {error.start})"
+            ) from None
+    return line.rstrip("\r\n")
+
+
+def _write(
+    out: TextIO,
+    translator: Translator,
+    batch: list[str],
+    first: int,
+    source: str,
+    prefixes: list[str] | None = None,
+) -> None:
     try:
-        nbest = translator.translate_nbest(batch, first, source)
+        nbest = translator.translate_nbest(batch, first, source, prefixes)
     except LongLineError as error:
         out.writelines(_format(error.done, first, translator.decode.nbest))
         out.flush()
@@ -127,8 +174,23 @@ def run(cfg: DictConfig | dict) -> int:
     )
     translator = loaded.with_settings(config.decode, config.on_long)
     source = "<stdin>" if config.input == "-" else config.input
-    with _open(config.input, "r") as src, _open(config.output, "w") as out:
+    prefix_file = config.prefix_file
+    if prefix_file is not None and (prefix_file == "-" or not Path(prefix_file).is_file()):
+        raise TranslationError(f"prefix_file {prefix_file} not found (a file is needed)")
+    with (
+        _open(config.input, "r") as src,
+        _open(config.output, "w") as out,
+        _open(prefix_file, "r") if prefix_file else nullcontext() as prefixes,
+    ):
         batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
-        count = translate_stream(translator, src, out, batch_size, source)
+        count = translate_stream(
+            translator,
+            src,
+            out,
+            batch_size,
+            source,
+            prefixes,
+            prefix_file or "<prefixes>",
+        )
     log.info("translated %d lines from %s (decode: %s)", count, source, translator.decode)
     return count

@@ -76,39 +76,71 @@ class Translator:
         settings = decode_config(self.decode, decode or {})
         return Translator(self.model, self.tokenizers, settings, on_long or self.on_long)
 
-    def generate(self, src: Tensor, decode: DecodeConfig | None = None) -> list[list[Hypothesis]]:
-        """`src (B, S)` token ids (x + EOS, as `Batch.src`) -> n-best hypotheses per row."""
-        return generate(self.model, src.to(self.device), decode or self.decode)
+    def generate(
+        self,
+        src: Tensor,
+        decode: DecodeConfig | None = None,
+        prefix: list[list[int]] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """`src (B, S)` token ids (x + EOS, as `Batch.src`) -> n-best hypotheses per row;
+        `prefix`: target ids each row's output must start with ([] for none)."""
+        config = decode or self.decode
+        try:
+            return generate(self.model, src.to(self.device), config, prefix=prefix)
+        except ValueError as error:  # a prefix the model cannot hold
+            raise TranslationError(f"decode.prefix: {error}") from None
 
     def translate_batch(self, src: Tensor, decode: DecodeConfig | None = None) -> list[str]:
         """The best detokenized translation of each row of `src (B, S)`."""
-        hyps = self.generate(src, decode)
+        text = (decode or self.decode).prefix
+        prefix = self.tokenizers.encode([text] * src.size(0), side="tgt") if text else None
+        hyps = self.generate(src, decode, prefix)
         return self.tokenizers.decode([h[0].tokens for h in hyps], side="tgt")
 
     def translate(
-        self, lines: list[str], first_line: int = 1, source: str = "<input>"
+        self,
+        lines: list[str],
+        first_line: int = 1,
+        source: str = "<input>",
+        prefixes: list[str] | None = None,
     ) -> list[str]:
         """One translation per line, in order ('' for a blank line), in one batch;
-        `first_line` and `source` only name lines in messages."""
+        `first_line` and `source` only name lines in messages; `prefixes` (one per line)
+        force the start of each translation (default: `decode.prefix`, if set)."""
         try:
-            return [_best(hyps) for hyps in self.translate_nbest(lines, first_line, source)]
+            nbest = self.translate_nbest(lines, first_line, source, prefixes)
+            return [_best(hyps) for hyps in nbest]
         except LongLineError as error:
             raise LongLineError(str(error), [_best(hyps) for hyps in error.done]) from None
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, source: str = "<input>"
+        self,
+        lines: list[str],
+        first_line: int = 1,
+        source: str = "<input>",
+        prefixes: list[str] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """The `decode.nbest` best (translation, score) pairs of each line, best first, in one
         batch ([('', 0.0)] for a blank line). A `LongLineError` carries those of the lines
         before the long one in `done`."""
         ids = self.tokenizers.encode(lines, side="src")
+        forced = self._prefix_ids(len(lines), prefixes)
         for i, row in enumerate(ids):
             try:
                 ids[i] = self._fit(row, f"{source}:{first_line + i}")
             except TranslationError as error:
-                done = self._decode(lines[:i], ids[:i])  # rows before i are already fitted
+                # rows before i are already fitted
+                done = self._decode(lines[:i], ids[:i], forced[:i])
                 raise LongLineError(str(error), done) from None
-        return self._decode(lines, ids)
+        return self._decode(lines, ids, forced)
+
+    def _prefix_ids(self, count: int, prefixes: list[str] | None) -> list[list[int]]:
+        """Target ids of each line's forced prefix: `prefixes[i]`, else `decode.prefix`."""
+        if prefixes is None:
+            prefixes = [self.decode.prefix or ""] * count
+        if len(prefixes) != count:
+            raise TranslationError(f"{len(prefixes)} prefixes for {count} lines")
+        return self.tokenizers.encode(prefixes, side="tgt")
 
     def translate_all(
         self, lines: list[str], batch_size: int, source: str = "<input>"
@@ -117,11 +149,13 @@ class Translator:
         Over-long lines are handled (or fail) before any decoding."""
         ids = self.tokenizers.encode(lines, side="src")
         ids = [self._fit(row, f"{source}:{i + 1}") for i, row in enumerate(ids)]
+        forced = self._prefix_ids(len(lines), None)
         order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
         out = [""] * len(lines)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            hyps = self._decode([lines[i] for i in chunk], [ids[i] for i in chunk])
+            rows = [ids[i] for i in chunk]
+            hyps = self._decode([lines[i] for i in chunk], rows, [forced[i] for i in chunk])
             for i, nbest in zip(chunk, hyps, strict=True):
                 out[i] = _best(nbest)
         return out
@@ -139,14 +173,17 @@ class Translator:
         log.warning("%s; truncated", message)
         return row[: self.max_src_tokens]
 
-    def _decode(self, lines: list[str], ids: list[list[int]]) -> list[list[tuple[str, float]]]:
-        """(translation, score) n-best of the token rows `ids` of `lines` (one batch);
-        [('', 0.0)] for blank lines."""
+    def _decode(
+        self, lines: list[str], ids: list[list[int]], forced: list[list[int]]
+    ) -> list[list[tuple[str, float]]]:
+        """(translation, score) n-best of the token rows `ids` of `lines` (one batch), each
+        starting with its `forced` target ids; [('', 0.0)] for blank lines."""
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         keep = [i for i, line in enumerate(lines) if line.strip() and ids[i]]
         if keep:
             src, _ = collate_sources([ids[i] for i in keep])
-            hyps = self.generate(src)
+            prefix = [forced[i] for i in keep]
+            hyps = self.generate(src, prefix=prefix if any(prefix) else None)
             texts = iter(self.tokenizers.decode([h.tokens for row in hyps for h in row], "tgt"))
             for i, row in zip(keep, hyps, strict=True):
                 out[i] = [(next(texts), h.score) for h in row]

@@ -19,7 +19,7 @@ the model's own log-probabilities of the drawn tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,9 @@ class DecodeConfig:
     top_p: float = 1.0
     temperature: float = 1.0
     seed: int = 0
+    # text every output starts with (tokenized with the target tokenizer; its tokens are
+    # forced and scored); translate.py prefix_file gives one per input line
+    prefix: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +98,8 @@ class DecodeConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"DecodeConfig.{name} must be a number >= 0, got {value!r}")
+        if self.prefix is not None and not isinstance(self.prefix, str):
+            raise ValueError(f"DecodeConfig.prefix must be text, got {self.prefix!r}")
         if not isinstance(self.max_len_b, int) or isinstance(self.max_len_b, bool):
             raise ValueError(f"DecodeConfig.max_len_b must be an integer, got {self.max_len_b!r}")
 
@@ -128,6 +133,7 @@ def generate(
     src: Tensor,
     config: DecodeConfig,
     src_mask: Tensor | None = None,
+    prefix: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src (B, S)`` (``src_mask (B, S)`` True = real; default from ``pad_id``).
 
@@ -135,26 +141,71 @@ def generate(
     ``model.config.bos_id`` and a hypothesis ends at
     ``model.config.eos_id``. Returns B lists of ``config.nbest`` hypotheses, best first. A
     sentence decodes the same alone and inside a padded batch; ``beam_size=1`` gives exactly
-    the greedy result.
+    the greedy result. ``prefix`` (B lists of target ids, [] for none) forces the start of
+    each output, for every strategy: the prefix's tokens are in the hypothesis and its score,
+    and the length limit grows to hold them.
     """
     if src_mask is None:
         src_mask = padding_mask(src, model.config.pad_id)
     memory = model.encode(src, src_mask)
     cache = model.init_cache(memory, src_mask)
-    max_lens = max_output_lengths(src_mask.sum(dim=-1).tolist(), config, model.config.max_positions)
+    max_positions = model.config.max_positions
+    max_lens = max_output_lengths(src_mask.sum(dim=-1).tolist(), config, max_positions)
+    vocab = model.config.tgt_vocab_size
+    forced = _forced_tokens(prefix, len(max_lens), max_positions, vocab, src.device)
+    if forced is not None:  # room for each row's prefix and one more token
+        needed = (forced >= 0).sum(dim=1).add(1).tolist()
+        max_lens = [min(max(n, m), max_positions) for n, m in zip(max_lens, needed, strict=True)]
     if config.strategy == "greedy":
-        return _greedy(model, cache, max_lens, config.length_penalty, src.device, _argmax)
+        return _greedy(model, cache, max_lens, config.length_penalty, src.device, _argmax, forced)
     if config.strategy == "sample":
         pick = _sampler(config, src.device)
-        return _greedy(model, cache, max_lens, config.length_penalty, src.device, pick)
+        return _greedy(model, cache, max_lens, config.length_penalty, src.device, pick, forced)
     k, nbest, alpha = config.beam_size, config.nbest, config.length_penalty
-    return _beam(model, cache, max_lens, k, nbest, alpha, src.device)
+    if forced is not None:
+        forced = forced.repeat_interleave(k, dim=0)
+    return _beam(model, cache, max_lens, k, nbest, alpha, src.device, forced)
 
 
-def _next_logprobs(model: Transformer, tokens: Tensor, cache: KVCache) -> Tensor:
-    """``tokens (N, 1)`` -> float32 log-probabilities of the next token ``(N, V)``."""
+def _forced_tokens(
+    prefix: Sequence[Sequence[int]] | None,
+    batch: int,
+    max_positions: int,
+    vocab: int,
+    device: torch.device,
+) -> Tensor | None:
+    """``prefix`` as ``(B, P)`` ids, -1 past each row's prefix; None without one."""
+    if prefix is None or not any(prefix):
+        return None
+    if len(prefix) != batch:
+        raise ValueError(f"prefix has {len(prefix)} rows for a batch of {batch}")
+    width = max(len(row) for row in prefix)
+    if width >= max_positions:
+        raise ValueError(
+            f"a prefix of {width} tokens leaves no room in the model's {max_positions} positions"
+        )
+    bad = next((t for row in prefix for t in row if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"prefix token {bad} is not in the target vocabulary (0..{vocab - 1})")
+    forced = torch.full((batch, width), -1, dtype=torch.long)
+    for i, row in enumerate(prefix):
+        forced[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return forced.to(device)
+
+
+def _next_logprobs(
+    model: Transformer, tokens: Tensor, cache: KVCache, forced: Tensor | None = None, step: int = 0
+) -> Tensor:
+    """``tokens (N, 1)`` -> float32 log-probabilities of the next token ``(N, V)``; a row
+    whose prefix (``forced (N, P)``, -1 = none) reaches ``step`` may only take its token."""
     logits = model.decode_step(tokens, cache)
-    return logits[:, -1].float().log_softmax(dim=-1)
+    logprobs = logits[:, -1].float().log_softmax(dim=-1)
+    if forced is None or step >= forced.size(1):
+        return logprobs
+    want = forced[:, step : step + 1]
+    only = torch.full_like(logprobs, float("-inf"))
+    only.scatter_(1, want.clamp(min=0), logprobs.gather(1, want.clamp(min=0)))
+    return torch.where(want >= 0, only, logprobs)
 
 
 # log-probabilities (N, V) -> the chosen token's (log-probability (N, 1), id (N, 1))
@@ -194,6 +245,7 @@ def _greedy(
     alpha: float,
     device: torch.device,
     pick: Pick,
+    forced: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """One token per step, chosen by `pick` (`_argmax`: greedy search; `_sampler`)."""
     B = len(max_lens)
@@ -205,7 +257,7 @@ def _greedy(
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     steps = []
     for step in range(max(max_lens)):
-        best, token = pick(_next_logprobs(model, token, cache))
+        best, token = pick(_next_logprobs(model, token, cache, forced, step))
         alive = ~finished
         score = torch.where(alive, score + best[:, 0], score)
         length += alive.long()
@@ -231,6 +283,7 @@ def _beam(
     nbest: int,
     alpha: float,
     device: torch.device,
+    forced: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     B = len(max_lens)
     bos_id, eos_id = model.config.bos_id, model.config.eos_id
@@ -243,7 +296,7 @@ def _beam(
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     done = [False] * B
     for step in range(max(max_lens)):
-        logprobs = _next_logprobs(model, tokens[:, -1:], cache)  # (B*k, V)
+        logprobs = _next_logprobs(model, tokens[:, -1:], cache, forced, step)  # (B*k, V)
         V = logprobs.size(-1)
         candidates = (scores.view(-1, 1) + logprobs).view(B, k * V)
         top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (B, 2k), best first
