@@ -20,3 +20,21 @@ def multi30k_root() -> Path:
     if not (MULTI30K / "train.en").exists():
         pytest.skip(f"Multi30k reference data not found at {MULTI30K}")
     return MULTI30K
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch):
+    """Progress bars drawn into a string as on a terminal (and enabled, whatever an earlier
+    test set); returns a reader of that string."""
+    import io
+
+    from rich.console import Console
+
+    from aiayn import console
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(
+        console, "progress_console", lambda: Console(file=buffer, force_terminal=True, width=120)
+    )
+    monkeypatch.setattr(console, "_progress_enabled", True)
+    return buffer.getvalue

@@ -182,6 +182,7 @@ class TranslateConfig:
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
     # a text file with one target prefix per input line, forced at the start of its output
     prefix_file: Optional[str] = None  # noqa: UP045
+    progress: bool = True  # a progress bar on standard error (on a terminal only)
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "translate"
 
@@ -206,6 +207,7 @@ class EvalConfig:
     engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
+    progress: bool = True  # a progress bar on standard error (on a terminal only)
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "eval"
 
@@ -275,6 +277,7 @@ class PrepareConfig:
     """Everything `python -m aiayn.data.prepare` reads (conf/prepare.yaml)."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    progress: bool = True  # progress bars (on a terminal only)
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "prepare"
 

@@ -1,14 +1,27 @@
 """What a run prints: each message once, in Hydra's format (console and `<run>/train.log`),
-without library noise a user cannot act on, and a closing summary that says where everything
-is and how to use it."""
+without library noise a user cannot act on, progress bars on long work, and a closing summary
+that says where everything is and how to use it."""
 
 from __future__ import annotations
 
 import logging
 import shlex
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 # Lightning adds its own console handler to these loggers when it is imported before Hydra
 # configures logging, so every line came out twice (once per format).
@@ -67,3 +80,57 @@ def closing_summary(metrics: dict[str, Any]) -> str:
         lines.append(f"  python translate.py ckpt_path={ckpt} input=src.txt output=hyp.txt")
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+# progress bars on/off for this process (train.py follows trainer.enable_progress_bar;
+# evaluate/translate/prepare their `progress` key); drawn only on a terminal either way
+_progress_enabled = True
+
+
+def set_progress(enabled: bool) -> None:
+    global _progress_enabled
+    _progress_enabled = bool(enabled)
+
+
+def progress_console() -> Console:
+    """Where progress bars are drawn: standard error (standard output may carry
+    translations)."""
+    return Console(stderr=True)
+
+
+Advance = Callable[[int], None]
+
+
+class Stages:
+    """Rich progress bars on standard error, one per stage (`stage(name, total)` returns
+    `advance(n)`); silent when disabled or when standard error is not a terminal (logs, CI,
+    pipes), so a redirected run's output stays clean."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self._progress = progress
+
+    def stage(self, description: str, total: int | None = None) -> Advance:
+        if self._progress is None:
+            return lambda n: None
+        task = self._progress.add_task(description, total=total)
+        return lambda n: self._progress.advance(task, n)  # type: ignore[union-attr]
+
+
+@contextmanager
+def progress(enabled: bool | None = None) -> Iterator[Stages]:
+    """`with progress() as bars: advance = bars.stage("encode", total=n)`; `enabled=None`
+    follows `set_progress`."""
+    console = progress_console()
+    if not (_progress_enabled if enabled is None else enabled) or not console.is_terminal:
+        yield Stages(None)
+        return
+    columns = (
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console) as bar:
+        yield Stages(bar)

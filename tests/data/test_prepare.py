@@ -238,3 +238,28 @@ def test_command_line_prepares_toy(tmp_path: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     assert "train:       200 of       200 pairs" in result.stdout
     assert len(list(tmp_path.glob("toy-en-de-*/manifest.json"))) == 1
+
+
+def test_preparation_shows_a_bar_per_stage_on_a_terminal(files_cfg: MakeCfg, terminal) -> None:
+    prepare(files_cfg())
+    drawn = terminal()
+    total = 2 * sum(SIZES.values())  # both sides of every split are encoded
+    for stage, done in (("read splits", "3/3"), ("train tokenizer", "1/1")):
+        assert stage in drawn and done in drawn, stage
+    assert "encode" in drawn and f"{total}/{total}" in drawn
+    assert "write cache" in drawn
+
+
+def test_preparation_is_quiet_when_disabled(files_cfg: MakeCfg, terminal) -> None:
+    from aiayn import console
+
+    console.set_progress(False)  # train.py: trainer.enable_progress_bar=false; prepare: progress
+    prepare(files_cfg())
+    assert terminal() == ""
+
+
+def test_preparation_is_quiet_off_a_terminal(
+    files_cfg: MakeCfg, capfd: pytest.CaptureFixture[str]
+) -> None:
+    prepare(files_cfg())  # pytest's stderr is not a terminal
+    assert "encode" not in capfd.readouterr().err

@@ -265,3 +265,25 @@ def test_a_prefix_file_must_match_the_input_line_for_line(ckpt, lines, tmp_path)
     missing = [o for o in overrides if not o.startswith("prefix_file")]
     with pytest.raises(TranslationError, match=r"prefix_file .*nope\.txt not found"):
         run(compose_config("translate", [*missing, f"prefix_file={tmp_path}/nope.txt"], tmp_path))
+
+
+def test_translate_and_evaluate_show_progress_on_a_terminal(ckpt, lines, tmp_path, terminal):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "device=cpu"]
+    run(compose_config("translate", [*overrides, "batch_size=2"], tmp_path / "t"))
+    n = len(lines)
+    assert "translate in.txt" in terminal() and f"{n}/{n}" in terminal()
+    before = terminal()
+    run(compose_config("translate", [*overrides, "progress=false"], tmp_path / "q"))
+    assert terminal() == before  # progress=false draws nothing
+
+    from aiayn.inference.evaluation import run as evaluate
+
+    for mode in ("translate", "score"):
+        evaluate(
+            compose_config(
+                "eval", [f"ckpt_path={ckpt}", "device=cpu", f"mode={mode}"], tmp_path / mode
+            )
+        )
+        assert f"{mode} test" in terminal()

@@ -39,6 +39,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
+from aiayn.console import Advance, Stages, progress, set_progress
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.sources import get_source
 from aiayn.data.sources.text import file_fingerprint
@@ -125,10 +126,14 @@ def _get_tokenizers(cfg: DataConfig, src: list[str], tgt: list[str]) -> Tokenize
     )
 
 
-def _encode(tokenizers: Tokenizers, texts: list[str], side: str) -> list[list[int]]:
+def _encode(
+    tokenizers: Tokenizers, texts: list[str], side: str, advance: Advance
+) -> list[list[int]]:
     ids: list[list[int]] = []
     for start in range(0, len(texts), ENCODE_CHUNK):
-        ids.extend(tokenizers.encode(texts[start : start + ENCODE_CHUNK], side))
+        chunk = texts[start : start + ENCODE_CHUNK]
+        ids.extend(tokenizers.encode(chunk, side))
+        advance(len(chunk))
     return ids
 
 
@@ -167,11 +172,21 @@ def _write_texts(out: Path, role: str, src: list[str], tgt: list[str]) -> None:
 
 
 def _build(cfg: DataConfig, out: Path) -> dict:
-    """Write the whole cache into `out` (manifest last) and return the manifest."""
+    """Write the whole cache into `out` (manifest last) and return the manifest; a progress
+    bar per stage (read, tokenizer, encode, write) on a terminal."""
+    with progress() as bars:
+        return _build_stages(cfg, out, bars)
+
+
+def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     source = get_source(cfg)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    texts = {role: source.read(role) for role in ROLES}
+    advance = bars.stage("read splits", total=len(ROLES))
+    texts = {}
+    for role in ROLES:
+        texts[role] = source.read(role)
+        advance(1)
     for role, (src, _) in texts.items():
         if not src:
             files = ", ".join(str(f) for f in getattr(source, "files", dict)().get(role, []))
@@ -187,12 +202,17 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     pairs = [(s, t) for s, t in zip(train_src, train_tgt, strict=True) if s.strip() and t.strip()]
     if not pairs:
         raise DataError(f"the train split of {cfg.source} has no pair with two non-empty sides")
+    advance = bars.stage("train tokenizer" if not cfg.tokenizer.path else "load tokenizer", 1)
     tokenizers = _get_tokenizers(cfg, [s for s, _ in pairs], [t for _, t in pairs])
+    advance(1)
     seconds["tokenizer"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    advance = bars.stage("encode", total=sum(2 * len(texts[role][0]) for role in ROLES))
     encoded = {
-        role: {side: _encode(tokenizers, texts[role][k], side) for k, side in enumerate(SIDES)}
+        role: {
+            side: _encode(tokenizers, texts[role][k], side, advance) for k, side in enumerate(SIDES)
+        }
         for role in ROLES
     }
     seconds["encode"] = time.perf_counter() - start
@@ -201,6 +221,7 @@ def _build(cfg: DataConfig, out: Path) -> dict:
     vocab = max(tokenizers.src_vocab_size, tokenizers.tgt_vocab_size)
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
     splits: dict[str, dict] = {}
+    advance = bars.stage("write cache", total=len(ROLES))
     for role in ROLES:
         src, tgt = texts[role]
         ids = encoded[role]
@@ -230,6 +251,7 @@ def _build(cfg: DataConfig, out: Path) -> dict:
             tgt_tokens=sum(map(len, ids["tgt"])),
         )
         splits[role] = info
+        advance(1)
     tokenizer_files = [p.name for p in tokenizers.save(out)]
     seconds["write"] = time.perf_counter() - start
 
@@ -274,8 +296,9 @@ register()
 @exit_on_error
 def main(cfg: DictConfig) -> None:
     """`python -m aiayn.data.prepare data=<name> [data.key=value ...]`: build and report."""
-    data = to_schema(cfg, PrepareConfig).data
-    path = prepare(data)
+    config = to_schema(cfg, PrepareConfig)
+    set_progress(config.progress)
+    path = prepare(config.data)
     print(f"data cache: {path}\n{report(load_manifest(path))}")
 
 

@@ -27,6 +27,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from aiayn.config import EvalConfig, to_schema
+from aiayn.console import progress
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
 from aiayn.errors import ConfigError
@@ -56,7 +57,9 @@ def _score_references(
 ) -> dict[str, Any]:
     """mode=score: `scores.<split>.tsv` (per pair: tokens, NLL, NLL per token, PPL) and
     `score.json` (the corpus NLL per token and PPL)."""
-    scored = score_pairs(translator, sources, references, config.batch_size)
+    with progress(config.progress) as bars:
+        advance = bars.stage(f"score {config.split}", total=len(sources))
+        scored = score_pairs(translator, sources, references, config.batch_size, advance)
     output_dir = Path(config.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     table = output_dir / f"scores.{config.split}.tsv"
@@ -155,7 +158,9 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
         references = [r.lower() for r in references]
     source = f"{data.source}:{config.split} source"
-    hypotheses = translator.translate_all(sources, config.batch_size, source)
+    with progress(config.progress) as bars:
+        advance = bars.stage(f"translate {config.split}", total=len(sources))
+        hypotheses = translator.translate_all(sources, config.batch_size, source, advance)
 
     output_dir = Path(config.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ each reference translation given its source, teacher-forced, as training compute
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -24,10 +25,15 @@ def _logprobs(model: torch.nn.Module, src: Tensor, tgt_in: Tensor) -> Tensor:
 
 @torch.inference_mode()
 def score_pairs(
-    translator: Translator, sources: list[str], references: list[str], batch_size: int
+    translator: Translator,
+    sources: list[str],
+    references: list[str],
+    batch_size: int,
+    advance: Callable[[int], None] | None = None,
 ) -> list[tuple[int, float]]:
     """(scored target tokens, incl. the EOS; summed NLL in nats) of each pair, in order.
-    Sources and references longer than the model's positions are truncated."""
+    Sources and references longer than the model's positions are truncated; `advance(n)` is
+    called after each batch of n pairs."""
     limit = translator.max_src_tokens
     src = [row[:limit] for row in translator.tokenizers.encode(sources, "src")]
     tgt = [row[:limit] for row in translator.tokenizers.encode(references, "tgt")]
@@ -44,4 +50,6 @@ def score_pairs(
         sums, counts = (nll * keep).sum(dim=1).tolist(), keep.sum(dim=1).tolist()
         for i, total, count in zip(batch.ids.tolist(), sums, counts, strict=True):
             out[i] = (int(count), float(total))
+        if advance is not None:
+            advance(len(counts))
     return out

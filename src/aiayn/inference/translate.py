@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from omegaconf import DictConfig
 
 from aiayn.config import TranslateConfig, to_schema
+from aiayn.console import Advance, progress
 from aiayn.errors import TranslationError
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.translator import LongLineError, Translator
@@ -44,10 +45,12 @@ def translate_stream(
     source: str,
     prefixes: Iterable[str | bytes] | None = None,
     prefix_source: str = "<prefixes>",
+    advance: Advance | None = None,
 ) -> int:
     """Translate `lines` batch by batch, writing and flushing each batch's translations to
     `out` (one per line, newline-terminated); returns the number of lines. `prefixes` (one
-    per line of `lines`, from `prefix_source`) force the start of each translation."""
+    per line of `lines`, from `prefix_source`) force the start of each translation;
+    `advance(n)` is called after each batch of n lines."""
     batch: list[str] = []
     forced: list[str] | None = None if prefixes is None else []
     prefix_lines = None if prefixes is None else iter(prefixes)
@@ -55,6 +58,8 @@ def translate_stream(
 
     def flush() -> None:
         _write(out, translator, batch, count - len(batch) + 1, source, forced)
+        if advance is not None:
+            advance(len(batch))
         batch.clear()
         if forced is not None:
             forced.clear()
@@ -147,6 +152,18 @@ def _open(path: str, mode: str) -> Iterator[Any]:
         yield file
 
 
+def _count_lines(path: str) -> int | None:
+    """Lines of the file `path` (None if it cannot be read: opening it names the error)."""
+    count, last = 0, b"\n"
+    try:
+        with open(path, "rb") as file:
+            for chunk in iter(lambda: file.read(1 << 20), b""):
+                count, last = count + chunk.count(b"\n"), chunk[-1:]
+    except OSError:
+        return None
+    return count + (last != b"\n")  # a last line without its newline
+
+
 def _same_file(source: str, target: str) -> bool:
     """Whether writing `target` would overwrite `source` (same path, symlink or hard link)."""
     if "-" in (source, target):
@@ -177,10 +194,13 @@ def run(cfg: DictConfig | dict) -> int:
     prefix_file = config.prefix_file
     if prefix_file is not None and (prefix_file == "-" or not Path(prefix_file).is_file()):
         raise TranslationError(f"prefix_file {prefix_file} not found (a file is needed)")
+    # a file's lines are counted first, for the bar's total (standard input has none)
+    total = None if config.input == "-" else _count_lines(config.input)
     with (
         _open(config.input, "r") as src,
         _open(config.output, "w") as out,
         _open(prefix_file, "r") if prefix_file else nullcontext() as prefixes,
+        progress(config.progress and not src.isatty()) as bars,
     ):
         batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
         count = translate_stream(
@@ -191,6 +211,7 @@ def run(cfg: DictConfig | dict) -> int:
             source,
             prefixes,
             prefix_file or "<prefixes>",
+            bars.stage(f"translate {Path(source).name}", total),
         )
     log.info("translated %d lines from %s (decode: %s)", count, source, translator.decode)
     return count

@@ -12,6 +12,7 @@ warning naming its file and line (`on_long='truncate'`) or raises `LongLineError
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -143,10 +144,15 @@ class Translator:
         return self.tokenizers.encode(prefixes, side="tgt")
 
     def translate_all(
-        self, lines: list[str], batch_size: int, source: str = "<input>"
+        self,
+        lines: list[str],
+        batch_size: int,
+        source: str = "<input>",
+        advance: Callable[[int], None] | None = None,
     ) -> list[str]:
         """Translate a whole corpus in length-sorted batches (less padding), in input order.
-        Over-long lines are handled (or fail) before any decoding."""
+        Over-long lines are handled (or fail) before any decoding; `advance(n)` is called
+        after each batch of n lines."""
         ids = self.tokenizers.encode(lines, side="src")
         ids = [self._fit(row, f"{source}:{i + 1}") for i, row in enumerate(ids)]
         forced = self._prefix_ids(len(lines), None)
@@ -158,6 +164,8 @@ class Translator:
             hyps = self._decode([lines[i] for i in chunk], rows, [forced[i] for i in chunk])
             for i, nbest in zip(chunk, hyps, strict=True):
                 out[i] = _best(nbest)
+            if advance is not None:
+                advance(len(chunk))
         return out
 
     def _fit(self, row: list[int], where: str) -> list[int]:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, to_schema
-from aiayn.console import closing_summary, tidy_library_output
+from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError
@@ -121,7 +121,9 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
     checkpoint writes."""
     callbacks = [_instantiate(f"callbacks.{k}", c) for k, c in config.callbacks.items() if c]
     callbacks += [RNGState(), Throughput()]
-    if not config.trainer.get("enable_progress_bar", True):  # so the flag alone turns it off
+    show_progress = config.trainer.get("enable_progress_bar", True)
+    set_progress(show_progress)  # data preparation's bars too
+    if not show_progress:  # so the flag alone turns it off
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     loggers = [
         _instantiate(f"logger.{k}", c, **_sweep_group(c)) for k, c in config.logger.items() if c
