@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -336,13 +337,36 @@ def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:
 
 def resume_run_dir(ckpt_path: str | None, default: str, train: bool = True) -> str:
     """The run directory to write to: when training resumes from a checkpoint of an earlier
-    run (`<run>/checkpoints/x.ckpt` with `<run>/.hydra/`), that run's; else `default` (a
-    test-only run, `train=false`, never writes into the run it tests)."""
+    run (`<run>/checkpoints/x.ckpt` with `<run>/.hydra/`), that run's; else a new directory
+    claimed from `default` (`new_run_dir`; a test-only run, `train=false`, never writes into
+    the run it tests)."""
     if ckpt_path and train:
         run = Path(ckpt_path).resolve().parent.parent
         if Path(ckpt_path).resolve().parent.name == "checkpoints" and (run / ".hydra").is_dir():
             return str(run)
-    return default
+    return new_run_dir(default)
+
+
+_CLAIMED: dict[str, str] = {}
+
+
+def new_run_dir(path: str) -> str:
+    """`path`, else `path_1`, `path_2`, ...: the first of them this process creates. mkdir
+    is atomic, so two runs started in the same second (their timestamps equal) get two
+    directories instead of sharing one; within a process the same `path` gives the same
+    answer (Hydra may resolve its run directory more than once)."""
+    if path not in _CLAIMED:
+        base = Path(path)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in itertools.count():
+            candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            _CLAIMED[path] = str(candidate)
+            break
+    return _CLAIMED[path]
 
 
 def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> None:
@@ -405,6 +429,7 @@ def register() -> None:
     for name, schema in SCHEMAS.items():
         store.store(name=name, node=schema)
     OmegaConf.register_new_resolver("aiayn_run_dir", resume_run_dir, replace=True)
+    OmegaConf.register_new_resolver("aiayn_new_dir", new_run_dir, replace=True)
     OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
 

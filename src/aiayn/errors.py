@@ -9,10 +9,14 @@ Anything else (a bug) still raises with its traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +49,44 @@ class AveragingError(AiaynError):
 
 class DivergedError(AiaynError):
     """Training produced non-finite gradients too many updates in a row."""
+
+
+class DistributedError(AiaynError):
+    """Another process of a multi-process run died."""
+
+
+class StorageError(AiaynError):
+    """A file could not be written: the disk (or the user's quota) is full."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def writing(path: str | os.PathLike, needed: int | None = None, kept: str = "") -> Iterator[None]:
+    """Turn a full disk (or quota) while writing `path` into one `StorageError` naming the
+    path, the free space, the space `needed` (bytes, where known) and what was `kept`."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            raise
+        where = Path(path)
+        probe = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
+        free = shutil.disk_usage(probe).free
+        need = f", about {_size(needed)} needed" if needed else ""
+        raise StorageError(
+            f"no space left writing {where} ({_size(free)} free{need}){kept}: free some space, "
+            "or point paths.log_dir / data.cache_dir / output elsewhere, and run again"
+        ) from None
 
 
 def exit_on_error(function: F) -> F:

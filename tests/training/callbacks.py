@@ -8,13 +8,14 @@ import lightning as L
 
 class KillAtStep(L.Callback):
     """SIGKILL the process when the update after `step` is about to start, i.e. after
-    everything step `step` wrote (its validation and checkpoints) is on disk."""
+    everything step `step` wrote (its validation and checkpoints) is on disk; only on DDP
+    rank `rank` when given (a rank dying under the others)."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, rank: int | None = None) -> None:
+        self.step, self.rank = step, rank
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -44,7 +44,7 @@ from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.sources import get_source
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
-from aiayn.errors import DataError, exit_on_error
+from aiayn.errors import DataError, exit_on_error, writing
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,42 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     seconds["encode"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    # the cache holds the texts once more (JSON lines) and their token ids
+    needed = 2 * sum(len(line.encode()) for role in ROLES for side in texts[role] for line in side)
+    kept = "; no cache was written, earlier caches are intact"
+    with writing(cache_path(cfg), needed, kept):
+        splits, tokenizer_files, dtype = _write_cache(cfg, out, texts, encoded, tokenizers, bars)
+    seconds["write"] = time.perf_counter() - start
+
+    manifest = {
+        "version": CACHE_VERSION,
+        "settings": _settings(cfg),
+        "inputs": source.fingerprint(),
+        "splits": splits,
+        "src_vocab_size": tokenizers.src_vocab_size,
+        "tgt_vocab_size": tokenizers.tgt_vocab_size,
+        "joint": tokenizers.joint,
+        "tokenizer_files": tokenizer_files,
+        "dtype": np.dtype(dtype).name,
+        "seconds": {stage: round(value, 3) for stage, value in seconds.items()},
+        "complete": True,
+    }
+    with writing(cache_path(cfg), None, kept):
+        text = json.dumps(manifest, indent=1, ensure_ascii=False)
+        (out / MANIFEST).write_text(text, encoding="utf-8")
+    return manifest
+
+
+def _write_cache(
+    cfg: DataConfig,
+    out: Path,
+    texts: dict[str, tuple[list[str], list[str]]],
+    encoded: dict[str, dict[str, list[list[int]]]],
+    tokenizers: Tokenizers,
+    bars: Stages,
+) -> tuple[dict[str, dict], list[str], type]:
+    """Filter train, truncate val/test, write every split's ids and texts and the tokenizer
+    into `out`; (per-split info, tokenizer file names, token dtype)."""
     vocab = max(tokenizers.src_vocab_size, tokenizers.tgt_vocab_size)
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
     splits: dict[str, dict] = {}
@@ -253,25 +289,7 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
         splits[role] = info
         advance(1)
     tokenizer_files = [p.name for p in tokenizers.save(out)]
-    seconds["write"] = time.perf_counter() - start
-
-    manifest = {
-        "version": CACHE_VERSION,
-        "settings": _settings(cfg),
-        "inputs": source.fingerprint(),
-        "splits": splits,
-        "src_vocab_size": tokenizers.src_vocab_size,
-        "tgt_vocab_size": tokenizers.tgt_vocab_size,
-        "joint": tokenizers.joint,
-        "tokenizer_files": tokenizer_files,
-        "dtype": np.dtype(dtype).name,
-        "seconds": {stage: round(value, 3) for stage, value in seconds.items()},
-        "complete": True,
-    }
-    (out / MANIFEST).write_text(
-        json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8"
-    )
-    return manifest
+    return splits, tokenizer_files, dtype
 
 
 def report(manifest: dict) -> str:

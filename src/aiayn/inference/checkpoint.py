@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import CheckpointError, DataError
+from aiayn.errors import CheckpointError, DataError, writing
 from aiayn.inference.translator import Translator
 from aiayn.model import DecodeConfig, ModelConfig, Transformer
 
@@ -50,11 +50,27 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
+    kept = f"; {path.name} as it was before is intact" if path.exists() else ""
+    try:
+        with writing(path, tensor_bytes(checkpoint), kept), open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a partial file would only fill the disk further
+        raise
     os.replace(tmp, path)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in a (nested) checkpoint: about its size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def load_checkpoint(

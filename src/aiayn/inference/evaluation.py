@@ -30,7 +30,7 @@ from aiayn.config import EvalConfig, to_schema
 from aiayn.console import progress
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, writing
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.scoring import score_pairs
 from aiayn.inference.translator import Translator
@@ -153,7 +153,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     data = config.data or _data_of(config.ckpt_path, translator)
     sources, references = read_split(data, config.split)
     if config.mode == "score":
-        return _score_references(config, translator, sources, references)
+        with writing(config.paths.output_dir):
+            return _score_references(config, translator, sources, references)
     lowercased = translator.tokenizers.lowercases("tgt")
     if lowercased:  # the model cannot produce capitals: score as training's val/test BLEU
         references = [r.lower() for r in references]
@@ -165,7 +166,9 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     output_dir = Path(config.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     hyp_path = output_dir / f"hypotheses.{config.split}.txt"
-    hyp_path.write_text("".join(f"{h}\n" for h in hypotheses), encoding="utf-8")
+    text = "".join(f"{h}\n" for h in hypotheses)
+    with writing(hyp_path, len(text.encode())):
+        hyp_path.write_text(text, encoding="utf-8")
     result = {
         **score(hypotheses, references, data.tgt_lang if config.tok_bleu else None),
         "split": config.split,
@@ -176,7 +179,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         "hypotheses": str(hyp_path),
         "decode": asdict(translator.decode),
     }
-    (output_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    with writing(output_dir / "bleu.json"):
+        (output_dir / "bleu.json").write_text(json.dumps(result, indent=2) + "\n", "utf-8")
     for name in ("bleu", "chrf", "bleu_tok"):
         if name in result:
             print(result[f"{name}_verbose"])

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from aiayn.config import TranslateConfig, to_schema
 from aiayn.console import Advance, progress
-from aiayn.errors import TranslationError
+from aiayn.errors import TranslationError, writing
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.translator import LongLineError, Translator
 
@@ -203,15 +203,17 @@ def run(cfg: DictConfig | dict) -> int:
         progress(config.progress and not src.isatty()) as bars,
     ):
         batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
-        count = translate_stream(
-            translator,
-            src,
-            out,
-            batch_size,
-            source,
-            prefixes,
-            prefix_file or "<prefixes>",
-            bars.stage(f"translate {Path(source).name}", total),
-        )
+        kept = f"; every line before the failed batch is in {config.output}"
+        with writing("/dev/stdout" if config.output == "-" else config.output, None, kept):
+            count = translate_stream(
+                translator,
+                src,
+                out,
+                batch_size,
+                source,
+                prefixes,
+                prefix_file or "<prefixes>",
+                bars.stage(f"translate {Path(source).name}", total),
+            )
     log.info("translated %d lines from %s (decode: %s)", count, source, translator.decode)
     return count

@@ -12,6 +12,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from aiayn.config import TrainConfig, plain, to_schema
 from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DistributedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model import ModelConfig
@@ -211,7 +213,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         _log_run_info(trainer, cfg, summary, module.model_config, datamodule, output_dir)
         metrics: dict[str, Any] = {}
         if config.train:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
+            with _peer_death_named(trainer, output_dir):
+                trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
             throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
             rate = throughput.mean_rate(trainer.world_size)
@@ -369,12 +372,42 @@ def strict_json(value: Any) -> Any:
     return value
 
 
+# what torch.distributed says when another process of the run is gone
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+@contextmanager
+def _peer_death_named(trainer: L.Trainer, output_dir: Path) -> Iterator[None]:
+    """A DDP peer that died (killed, out of memory, its node lost) makes a collective fail in
+    this process; that becomes one line naming what happened and how to resume."""
+    try:
+        yield
+    except RuntimeError as error:
+        seen = next((m for m in PEER_GONE if m in str(error)), None)
+        if trainer.world_size == 1 or seen is None:
+            raise
+        last = output_dir / "checkpoints" / "last.ckpt"
+        resume = f"; resume with ckpt_path={last}" if last.is_file() else ""
+        raise DistributedError(
+            f"another process of this {trainer.world_size}-process run died near update "
+            f"{trainer.global_step} (rank {trainer.global_rank} saw '{seen}'); check that "
+            "process's log and memory"
+            f"{resume}"
+        ) from None
+
+
 @rank_zero_only
 def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     plain_floats = json.loads(json.dumps(metrics, default=float))  # tensors, numpy -> float
-    tmp.write_text(json.dumps(strict_json(plain_floats), indent=2, allow_nan=False) + "\n")
+    text = json.dumps(strict_json(plain_floats), indent=2, allow_nan=False) + "\n"
+    try:
+        with writing(path, len(text.encode())):
+            tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 
