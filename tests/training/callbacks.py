@@ -19,6 +19,18 @@ class KillAtStep(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class KillInValidationAt(L.Callback):
+    """SIGKILL the process in the middle of the validation that runs at update `step`
+    (after its first validation batch), i.e. before that validation's checkpoints."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class FailAtStep(L.Callback):
     """Raise inside training at `step`, to test what a failing job leaves behind."""
 

@@ -32,15 +32,17 @@ def _epoch_batches(cache, max_tokens: int) -> int:
     return len(TokenBatchSampler(data.src_lengths, data.tgt_lengths, max_tokens, True))
 
 
-@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end", "ddp"])
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end", "validation", "ddp"])
 def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     """Killed right after step N (after its last.ckpt), resumed from last.ckpt to 2N: the
     same weights as a run that never stopped (dropout on, so the RNG state matters; mid-epoch,
     so the data position matters; at an epoch end, so the epoch boundary does). The resumed
     run continues in the same run directory."""
     common = [*TOY, "trainer.max_epochs=-1", "data.max_tokens=512", "model.dropout=0.2"]
-    if where in ("mid_epoch", "ddp"):
+    if where in ("mid_epoch", "validation", "ddp"):
         n = 7 if where == "ddp" else 13  # a toy epoch has more than 13 batches (7 per rank)
+        if where == "validation":  # killed in the validation at 2n: resumes from n, ends at 3n
+            n = 5
         common += [f"trainer.val_check_interval={n}", "trainer.check_val_every_n_epoch=null"]
         if where == "ddp":  # each rank restores its own RNG state and data position
             common += ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
@@ -48,16 +50,18 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
         prepare = cli([*cli_overrides(tmp_path), *common, "train=false", "test=false"], tmp_path)
         assert prepare.returncode == 0, prepare.stderr[-3000:]
         n = _epoch_batches(tmp_path / "cache", 512)  # validation + last.ckpt at each epoch end
-    common += [f"trainer.max_steps={2 * n}", "test=false"]
+    end = 3 * n if where == "validation" else 2 * n
+    common += [f"trainer.max_steps={end}", "test=false"]
     straight = tmp_path / "straight"
     result = cli([*cli_overrides(straight), *common], straight)
     assert result.returncode == 0, result.stderr[-3000:]
 
     killed = tmp_path / "killed"
     args = [*cli_overrides(killed), *common]
+    killer = "KillInValidationAt" if where == "validation" else "KillAtStep"
     kill = [
-        "+callbacks.kill._target_=tests.training.callbacks.KillAtStep",
-        f"+callbacks.kill.step={n}",
+        f"+callbacks.kill._target_=tests.training.callbacks.{killer}",
+        f"+callbacks.kill.step={2 * n if where == 'validation' else n}",
     ]
     result = cli([*args, *kill], killed)
     # under DDP a rank may see its peer die first and fail on its own, before its SIGKILL
@@ -71,12 +75,43 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert run_dirs(killed) == [run]  # continued in place
     straight_ckpt = run_dirs(straight)[0] / "checkpoints" / "last.ckpt"
-    assert torch.load(straight_ckpt, weights_only=True)["global_step"] == 2 * n
-    assert torch.load(last, weights_only=True)["global_step"] == 2 * n
+    assert torch.load(straight_ckpt, weights_only=True)["global_step"] == end
+    assert torch.load(last, weights_only=True)["global_step"] == end
     assert _max_diff(_weights(straight_ckpt), _weights(last)) <= 1e-6
     assert json.loads((run / "metrics.json").read_text())["resumed_from"] == str(last)
     steps = csv_metrics(run)["step"]  # history kept, appended
     assert min(steps) < n < max(steps)
+    # everything the run reports is the uninterrupted run's: the best checkpoint, the
+    # metrics file (timings and the resume record aside) and the logged history
+    straight_run = run_dirs(straight)[0]
+    best_a, best_b = (r / "checkpoints" / "best.ckpt" for r in (straight_run, run))
+    load = lambda p: torch.load(p, weights_only=True)  # noqa: E731
+    assert load(best_a)["global_step"] == load(best_b)["global_step"]
+    assert _max_diff(_weights(best_a), _weights(best_b)) <= 1e-6
+    assert _rounded(_reported(straight_run)) == _rounded(_reported(run))
+    for metric in ("val/loss", "val/bleu", "train/loss", "train/lr"):
+        a, b = csv_metrics(straight_run)[metric], csv_metrics(run)[metric]
+        assert a == pytest.approx(b, abs=1e-5), metric
+
+
+TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
+TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
+
+
+def _reported(run) -> dict:
+    """metrics.json without timings and the resume record; paths relative to the run."""
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["fit"] = {k: v for k, v in metrics["fit"].items() if k not in TIMED}
+    text = json.dumps({k: v for k, v in metrics.items() if k not in TIMINGS})
+    return json.loads(text.replace(str(run), "<run>"))
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
 
 
 def test_resume_with_a_different_model_is_refused_before_any_work(tmp_path):

@@ -25,3 +25,21 @@ class CSVLogger(_CSVLogger):
                 path.write_text(kept)
                 writer.metrics_keys = next(csv.reader(kept.splitlines()), [])
         return self._experiment
+
+    def forget_after(self, step: int) -> None:
+        """Drop the rows of an existing `metrics.csv` logged after update `step`: a run killed
+        after its last checkpoint logged them, and the resumed run logs those updates again
+        (so the history equals an uninterrupted run's)."""
+        path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        if not path.is_file():
+            return
+        rows = list(csv.reader(path.read_text().splitlines()))
+        if not rows or "step" not in rows[0]:
+            return
+        column = rows[0].index("step")
+        kept = [rows[0]] + [r for r in rows[1:] if not r[column] or float(r[column]) <= step]
+        if len(kept) < len(rows):
+            tmp = path.with_name(f".{path.name}.tmp")
+            with open(tmp, "w", newline="") as file:
+                csv.writer(file).writerows(kept)
+            tmp.replace(path)

@@ -37,6 +37,7 @@ from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
+from aiayn.training.loggers import CSVLogger
 from aiayn.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         _log_run_info(trainer, cfg, summary, module.model_config, datamodule, output_dir)
         metrics: dict[str, Any] = {}
         if config.train:
+            if config.ckpt_path:  # every check passed: the run's history continues
+                _forget_history_after(trainer, read_checkpoint(config.ckpt_path)["global_step"])
             with _peer_death_named(trainer, output_dir):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
@@ -259,6 +262,14 @@ def _check_resume(config: TrainConfig) -> None:
                     f"this run has {group}.{key}={value!r}: resume with the overrides of the "
                     "original run (its .hydra/overrides.yaml) plus ckpt_path"
                 )
+
+
+@rank_zero_only
+def _forget_history_after(trainer: L.Trainer, step: int) -> None:
+    """CSV history rows a killed run logged after the checkpoint it resumes from."""
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            logger.forget_after(step)
 
 
 def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
