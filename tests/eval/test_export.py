@@ -30,6 +30,11 @@ VARIANTS = {
     "share decoder": {"share_embeddings": "decoder", "tgt_vocab_size": 19},
     "factorized embeddings": {"d_embed": 6},
     "pre-norm without final norms": {"norm_first": True, "final_norm": False},
+    "unscaled embeddings, biased output": {
+        "scale_embeddings": False,
+        "output_bias": True,
+        "share_embeddings": "none",
+    },
     "pre-norm, learned, factorized, unshared": {
         "norm_first": True,
         "positional": "learned",
@@ -46,6 +51,8 @@ def _vocab(size: int) -> list[str]:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_variant_converts_to_the_same_log_probabilities(variant, tmp_path):
     model = tiny_model(seed=3, **VARIANTS[variant])
+    if model.output.bias is not None:  # a bias that matters
+        torch.nn.init.normal_(model.output.bias.data)
     config = model.config
     src_vocab, tgt_vocab = _vocab(config.src_vocab_size), _vocab(config.tgt_vocab_size)
     save_spec(model_spec(model, src_vocab, tgt_vocab), tmp_path)

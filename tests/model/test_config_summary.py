@@ -77,7 +77,8 @@ def closed_form(cfg: ModelConfig) -> int:
     output = (d * width if e else 0) + (
         cfg.tgt_vocab_size * width if cfg.share_embeddings == "none" else 0
     )
-    return encoder + decoder + finals + embeddings + positions + output
+    bias = cfg.tgt_vocab_size if cfg.output_bias else 0
+    return encoder + decoder + finals + embeddings + positions + output + bias
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,8 @@ def closed_form(cfg: ModelConfig) -> int:
         {"head_dim": 12, "num_heads": 3, "share_embeddings": "none"},
         {"final_norm": True, "activation_dropout": 0.1},
         {"final_norm": False, "norm_first": True},
+        {"output_bias": True, "scale_embeddings": False, "embedding_dropout": 0.0},
+        {"output_bias": True, "share_embeddings": "none", "tgt_vocab_size": 31},
     ],
 )
 def test_parameter_count_closed_form(overrides: dict[str, Any]) -> None:

@@ -15,8 +15,16 @@ STACKS = [
     {"norm_first": False},
     {"norm_first": True},
     {"norm_first": False, "final_norm": True, "activation_dropout": 0.1},
+    # the seed notebooks' heads and embeddings: unscaled, no embedding dropout, a biased
+    # untied output layer
+    {
+        "scale_embeddings": False,
+        "output_bias": True,
+        "share_embeddings": "none",
+        "embedding_dropout": 0.0,
+    },
 ]
-STACK_IDS = ["post-norm", "pre-norm", "torch-default"]
+STACK_IDS = ["post-norm", "pre-norm", "torch-default", "seed-style"]
 
 
 def reference_from(model: Transformer) -> nn.Transformer:

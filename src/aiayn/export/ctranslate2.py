@@ -69,7 +69,7 @@ def _token_table(token: torch.nn.Module, d_model: int) -> tuple[np.ndarray, bool
     Plain embeddings keep their (possibly tied) matrix and CTranslate2's own scaling; a
     factorized one is folded: `(E * sqrt(e)) @ P^T`, already scaled."""
     if token.proj is None:
-        return _np(token.weight), True
+        return _np(token.weight), token.scale != 1.0  # model.scale_embeddings
     folded = (token.weight.detach().double() * token.scale) @ token.proj.weight.detach().double().T
     return folded.float().numpy(), False
 
@@ -121,6 +121,8 @@ def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -
     encoder.position_encodings.encodings = _positions(model.src_embed, config)
     decoder.position_encodings.encodings = _positions(model.tgt_embed, config)
     decoder.projection.weight = _output_table(model)
+    if model.output.bias is not None:
+        decoder.projection.bias = _np(model.output.bias)
 
     for layer_spec, layer in zip(encoder.layer, model.encoder.layers, strict=True):
         attention = layer_spec.self_attention

@@ -45,6 +45,13 @@ class ModelConfig:
     # dropout on the FFN's hidden activation (torch.nn.Transformer: = dropout; fairseq
     # --activation-dropout); 0 = none (the paper)
     activation_dropout: float = 0.0
+    # token embeddings times sqrt(width) (the paper); false: added to the positions as looked
+    # up (seed 004), and drawn from N(0, 1) so the embedded tokens keep unit scale
+    scale_embeddings: bool = True
+    # a bias on the output layer (the seed notebooks' nn.Linear heads; fairseq has none)
+    output_bias: bool = False
+    # dropout on the embedding sum; null: `dropout` (seed 001 uses none there, 0.2 in blocks)
+    embedding_dropout: Optional[float] = None  # noqa: UP045
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -96,8 +103,10 @@ class ModelConfig:
                 f"ModelConfig.num_heads={self.num_heads}; choose num_heads dividing d_model "
                 "or set ModelConfig.head_dim"
             )
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "embedding_dropout"):
             value = getattr(self, name)
+            if name == "embedding_dropout" and value is None:
+                continue
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value!r}")
         if self.activation not in ACTIVATIONS:

@@ -20,15 +20,18 @@ from torch import Tensor, nn
 class TokenEmbedding(nn.Module):
     """``tokens (B, L)`` -> ``(B, L, d_model)``; ``weight (V, e)`` may be tied elsewhere."""
 
-    def __init__(self, vocab_size: int, d_model: int, d_embed: int | None = None) -> None:
+    def __init__(
+        self, vocab_size: int, d_model: int, d_embed: int | None = None, scale: bool = True
+    ) -> None:
         super().__init__()
         width = d_embed if d_embed is not None else d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
         self.proj = nn.Linear(width, d_model, bias=False) if d_embed is not None else None
-        self.scale = math.sqrt(width)
+        self.scale = math.sqrt(width) if scale else 1.0
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
+        """``N(0, 1 / scale^2)``: unit-scale embedded tokens, scaled or not."""
+        nn.init.normal_(self.weight, mean=0.0, std=1.0 / self.scale)
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = F.embedding(tokens, self.weight) * self.scale
@@ -109,19 +112,25 @@ class OutputProjection(nn.Module):
     """``(B, T, d_model)`` -> logits ``(B, T, V)``: ``[proj d_model -> e] then @ weight.T``.
 
     ``weight (V, e)`` is this module's own (``share_embeddings='none'``) or the target token
-    embedding's (tied: assign ``output.weight = token.weight``). No bias (as fairseq).
+    embedding's (tied: assign ``output.weight = token.weight``). No bias unless ``bias``
+    (fairseq has none; nn.Linear heads do).
     """
 
-    def __init__(self, d_model: int, vocab_size: int, d_embed: int | None = None) -> None:
+    def __init__(
+        self, d_model: int, vocab_size: int, d_embed: int | None = None, bias: bool = False
+    ) -> None:
         super().__init__()
         width = d_embed if d_embed is not None else d_model
         self.proj = nn.Linear(d_model, width, bias=False) if d_embed is not None else None
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.proj is not None:
             x = self.proj(x)
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)

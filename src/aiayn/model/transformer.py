@@ -90,20 +90,22 @@ class Transformer(nn.Module):
         config.validate()
         self.config = config
         d, e = config.d_model, config.d_embed
-        src_token = TokenEmbedding(config.src_vocab_size, d, e)
+        scale = config.scale_embeddings
+        src_token = TokenEmbedding(config.src_vocab_size, d, e, scale)
         if config.share_embeddings == "all":
             tgt_token = src_token
         else:
-            tgt_token = TokenEmbedding(config.tgt_vocab_size, d, e)
+            tgt_token = TokenEmbedding(config.tgt_vocab_size, d, e, scale)
+        dropout = config.dropout if config.embedding_dropout is None else config.embedding_dropout
 
         def embedding(token: TokenEmbedding) -> Embedding:
-            return Embedding(token, d, config.max_positions, config.positional, config.dropout)
+            return Embedding(token, d, config.max_positions, config.positional, dropout)
 
         self.src_embed = embedding(src_token)
         self.tgt_embed = embedding(tgt_token)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-        self.output = OutputProjection(d, config.tgt_vocab_size, e)
+        self.output = OutputProjection(d, config.tgt_vocab_size, e, config.output_bias)
         if config.share_embeddings != "none":
             self.output.weight = tgt_token.weight
         self.reset_parameters()
@@ -129,6 +131,8 @@ class Transformer(nn.Module):
                 module.reset_parameters()
         if self.config.share_embeddings == "none":
             self.output.reset_parameters()
+        elif self.output.bias is not None:
+            nn.init.zeros_(self.output.bias)
 
     # -- masks -----------------------------------------------------------------------------
 
