@@ -72,6 +72,7 @@ def test_cli_writes_the_report_into_the_first_directory(sweep, capsys):
     assert len(table) == 2 + 6  # base, A_h1, C_N2, then the second part's rows
     a_h1 = next(line for line in table if line.startswith("| A_h1 "))
     assert "| -2.00 | -0.90 | same direction |" in a_h1
+    assert a_h1.startswith("| A_h1 | 1 | 1,000 |")  # a count, not a mean
     assert (first / "table3.png").stat().st_size > 1000
     assert (first / "table3_curves.png").stat().st_size > 10_000
     assert "table3.md" in capsys.readouterr().out

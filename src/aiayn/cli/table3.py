@@ -175,6 +175,8 @@ def report(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
         line: dict[str, Any] = {"row": name, "seeds": len(row.jobs)}
         for key in ("parameters", "val PPL", "val BLEU", "test BLEU", "minutes"):
             line[key] = row.mean(key)
+        if line["parameters"] is not None:  # the same for every seed of a row
+            line["parameters"] = round(line["parameters"])
         line["paper PPL"], line["paper BLEU"] = paper if paper else (None, None)
         for metric, index, key in (("BLEU", 1, "val BLEU"), ("PPL", 0, "val PPL")):
             ours = _delta(row.mean(key), base.mean(key))
