@@ -196,24 +196,26 @@ def run(cfg: DictConfig | dict) -> int:
         raise TranslationError(f"prefix_file {prefix_file} not found (a file is needed)")
     # a file's lines are counted first, for the bar's total (standard input has none)
     total = None if config.input == "-" else _count_lines(config.input)
+    # a full disk (also when the output is closed, flushing its last bytes) is one line
+    kept = f"; every line before the failed batch is in {config.output}"
+    target = "/dev/stdout" if config.output == "-" else config.output
     with (
+        writing(target, None, kept),
         _open(config.input, "r") as src,
         _open(config.output, "w") as out,
         _open(prefix_file, "r") if prefix_file else nullcontext() as prefixes,
         progress(config.progress and not src.isatty()) as bars,
     ):
         batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
-        kept = f"; every line before the failed batch is in {config.output}"
-        with writing("/dev/stdout" if config.output == "-" else config.output, None, kept):
-            count = translate_stream(
-                translator,
-                src,
-                out,
-                batch_size,
-                source,
-                prefixes,
-                prefix_file or "<prefixes>",
-                bars.stage(f"translate {Path(source).name}", total),
-            )
+        count = translate_stream(
+            translator,
+            src,
+            out,
+            batch_size,
+            source,
+            prefixes,
+            prefix_file or "<prefixes>",
+            bars.stage(f"translate {Path(source).name}", total),
+        )
     log.info("translated %d lines from %s (decode: %s)", count, source, translator.decode)
     return count
