@@ -31,13 +31,16 @@ def attention_probs(
     q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool = False
 ) -> Tensor:
     """``softmax(q k^T / sqrt(Dh))``: ``q (B, H, Tq, Dh)``, ``k (B, H, Tk, Dh)``, ``mask`` bool
-    broadcastable to ``(B, H, Tq, Tk)`` -> ``(B, H, Tq, Tk)``. ``causal`` (only with
-    ``mask=None``) is top-left aligned like SDPA's ``is_causal``."""
+    (True = attend) or float (added), broadcastable to ``(B, H, Tq, Tk)`` ->
+    ``(B, H, Tq, Tk)``. ``causal`` (only with ``mask=None``) is top-left aligned like SDPA's
+    ``is_causal``."""
     if causal:
         mask = causal_mask(q.size(-2), k.size(-2), device=q.device)
     scores = (q @ k.transpose(-2, -1)).float() * q.size(-1) ** -0.5
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:  # additive (aiayn.nn.Transformer's float masks)
+        scores = scores + mask.float()
     return scores.softmax(dim=-1).to(q.dtype)
 
 
