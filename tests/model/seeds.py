@@ -3,6 +3,7 @@ a seed model's weights into an aiayn `Transformer`."""
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ def seed_classes(number: str) -> dict[str, Any]:
             current.append(line)
         else:
             current = None
+    # the names the notebooks import (their plotting imports are not needed)
     namespace: dict[str, Any] = {"torch": torch, "nn": nn, "F": F, "math": math}
+    namespace["deepcopy"] = copy.deepcopy
     exec(compile("\n".join("\n".join(b) for b in blocks), str(files[0]), "exec"), namespace)
     return namespace
 
@@ -65,10 +68,14 @@ def copy_attention(dst: nn.Module, q: tuple, k: tuple, v: tuple, out: nn.Module)
 
 def linears(attention: nn.Module) -> tuple[tuple, tuple, tuple, nn.Module]:
     """q, k, v (weight, bias) and the output Linear of a seed attention module: separate
-    W_q/W_k/W_v/W_o (seed 003) or nn.MultiheadAttention (seed 004)."""
+    W_q/W_k/W_v/W_o (seed 003), q/k/v/out_proj (seed 000) or nn.MultiheadAttention (004)."""
     if isinstance(attention, nn.MultiheadAttention):
         w, b = attention.in_proj_weight.chunk(3), attention.in_proj_bias.chunk(3)
         return (w[0], b[0]), (w[1], b[1]), (w[2], b[2]), attention.out_proj
+    if hasattr(attention, "q_proj"):  # seed 000: q_proj, k_proj, v_proj, out_proj
+        parts = [getattr(attention, f"{n}_proj") for n in "qkv"]
+        q, k, v = ((p.weight, p.bias) for p in parts)
+        return q, k, v, attention.out_proj
     parts = [getattr(attention, f"W_{n}") for n in "qkv"]
     q, k, v = ((p.weight, p.bias) for p in parts)
     return q, k, v, attention.W_o

@@ -1,4 +1,4 @@
-"""Parity with the seed notebooks' systems (conf/model/seed003.yaml, seed004.yaml): their own
+"""Parity with the seed notebooks' systems (conf/model/seed000/003/004.yaml): their own
 code from ../shared/seeds/, their weights copied into aiayn, the same outputs in eval mode with
 non-trivial LayerNorm parameters; and their bugs, which aiayn does not share."""
 
@@ -138,3 +138,66 @@ def test_seed_presets_build_and_differ_from_the_paper_only_where_they_say(name):
     config = preset(name)
     assert config.output_bias and config.share_embeddings == "none"
     assert config.scale_embeddings == (name == "seed003")
+
+
+def test_seed000_preset_is_torch_s_stacks_with_learned_positions():
+    config, torch_default = preset("seed000"), preset("torch_default")
+    assert config.positional == "learned" and torch_default.positional == "sinusoidal"
+    assert config.has_final_norm and config.activation_dropout == config.attention_dropout == 0.1
+
+
+def test_seed000_stacks_match_its_notebook():
+    """Seed 000's nn.Transformer-style model (its own layers, bool masks with True = masked,
+    final norms) against model=seed000's encoder and decoder stacks, with a causal target
+    mask and padded sources and targets, in eval mode."""
+    from aiayn.model.masks import attention_mask
+    from aiayn.model.transformer import Decoder, Encoder
+
+    seed = seed_classes("000")
+    torch.manual_seed(0)
+    ref = seed["Transformer"](
+        d_model=16, nhead=4, num_encoder_layers=2, num_decoder_layers=3, dim_feedforward=24
+    ).eval()
+    randomize_norms(ref)
+    config = preset("seed000", **(SMALL | {"tgt_vocab_size": 23}))
+    encoder, decoder = Encoder(config).eval(), Decoder(config).eval()
+    with torch.no_grad():
+        for dst, src in zip(encoder.layers, ref.encoder.layers, strict=True):
+            copy_attention(dst.self_attn, *linears(src.self_attn))
+            copy_linear(dst.ff.linear1, src.linear1.weight, src.linear1.bias)
+            copy_linear(dst.ff.linear2, src.linear2.weight, src.linear2.bias)
+            for i in (1, 2):
+                getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
+        for dst, src in zip(decoder.layers, ref.decoder.layers, strict=True):
+            copy_attention(dst.self_attn, *linears(src.self_attn))
+            copy_attention(dst.cross_attn, *linears(src.multihead_attn))
+            copy_linear(dst.ff.linear1, src.linear1.weight, src.linear1.bias)
+            copy_linear(dst.ff.linear2, src.linear2.weight, src.linear2.bias)
+            for i in (1, 2, 3):
+                getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
+        encoder.norm.load_state_dict(ref.encoder.norm.state_dict())
+        decoder.norm.load_state_dict(ref.decoder.norm.state_dict())
+    g = torch.Generator().manual_seed(3)
+    src, tgt = torch.randn(3, 7, 16, generator=g), torch.randn(3, 5, 16, generator=g)
+    src_pad = torch.zeros(3, 7, dtype=torch.bool)
+    src_pad[1, 5:] = True
+    tgt_pad = torch.zeros(3, 5, dtype=torch.bool)
+    tgt_pad[2, 4:] = True
+    future = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)  # True = masked
+    with torch.no_grad():
+        expected = ref(
+            src,
+            tgt,
+            tgt_mask=future,
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad,
+        )
+        memory = encoder(src, mask=attention_mask(~src_pad))
+        ours = decoder(
+            tgt,
+            memory=memory,
+            self_mask=attention_mask(~tgt_pad, ~future),
+            memory_mask=attention_mask(~src_pad),
+        )
+    assert (expected - ours).abs().max().item() <= 1e-5
