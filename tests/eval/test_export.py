@@ -35,6 +35,15 @@ VARIANTS = {
         "output_bias": True,
         "share_embeddings": "none",
     },
+    "seed 002: factorized, biased projection scaled after, embedding norm, direct output": {
+        "d_embed": 6,
+        "embedding_proj_bias": True,
+        "embedding_scale_after_proj": True,
+        "embedding_norm": True,
+        "factorized_output": False,
+        "share_embeddings": "none",
+        "output_bias": True,
+    },
     "pre-norm, learned, factorized, unshared": {
         "norm_first": True,
         "positional": "learned",
@@ -51,8 +60,16 @@ def _vocab(size: int) -> list[str]:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_variant_converts_to_the_same_log_probabilities(variant, tmp_path):
     model = tiny_model(seed=3, **VARIANTS[variant])
-    if model.output.bias is not None:  # a bias that matters
-        torch.nn.init.normal_(model.output.bias.data)
+    with torch.no_grad():  # biases and embedding norms that matter
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.3, 0.3)
+        for bias in (model.output.bias, model.src_embed.token.proj, model.tgt_embed.token.proj):
+            if isinstance(bias, torch.nn.Linear):
+                bias = bias.bias
+            if bias is not None:
+                torch.nn.init.normal_(bias)
     config = model.config
     src_vocab, tgt_vocab = _vocab(config.src_vocab_size), _vocab(config.tgt_vocab_size)
     save_spec(model_spec(model, src_vocab, tgt_vocab), tmp_path)

@@ -40,6 +40,10 @@ from aiayn.model import ModelConfig, Transformer, format_parameter_summary, para
         ({"bos_id": 0}, "bos_id"),
         ({"eos_id": 1}, "eos_id"),
         ({"pad_id": 2}, "pad_id"),
+        ({"embedding_proj_bias": True}, "embedding_proj_bias"),
+        ({"embedding_scale_after_proj": True}, "embedding_scale_after_proj"),
+        ({"d_embed": 8, "factorized_output": False}, "factorized_output"),
+        ({"embedding_dropout": 1.0}, "embedding_dropout"),
     ],
 )
 def test_invalid_config_names_the_field(overrides: dict[str, Any], field: str) -> None:
@@ -67,18 +71,21 @@ def closed_form(cfg: ModelConfig) -> int:
     width = e or d
 
     def token(vocab: int) -> int:
-        return vocab * width + (width * d if e else 0)
+        proj = (width * d + (d if cfg.embedding_proj_bias else 0)) if e else 0
+        return vocab * width + proj
 
     if cfg.share_embeddings == "all":
         embeddings = token(cfg.src_vocab_size)
     else:
         embeddings = token(cfg.src_vocab_size) + token(cfg.tgt_vocab_size)
     positions = 2 * cfg.max_positions * d if cfg.positional == "learned" else 0
-    output = (d * width if e else 0) + (
-        cfg.tgt_vocab_size * width if cfg.share_embeddings == "none" else 0
+    out_width = width if cfg.factorized_output else d  # direct d_model -> V (seed 002)
+    output = (d * width if e and cfg.factorized_output else 0) + (
+        cfg.tgt_vocab_size * out_width if cfg.share_embeddings == "none" else 0
     )
     bias = cfg.tgt_vocab_size if cfg.output_bias else 0
-    return encoder + decoder + finals + embeddings + positions + output + bias
+    embedding_norms = 2 * norm if cfg.embedding_norm else 0  # one per side
+    return encoder + decoder + finals + embeddings + positions + output + bias + embedding_norms
 
 
 @pytest.mark.parametrize(
@@ -98,6 +105,14 @@ def closed_form(cfg: ModelConfig) -> int:
         {"final_norm": False, "norm_first": True},
         {"output_bias": True, "scale_embeddings": False, "embedding_dropout": 0.0},
         {"output_bias": True, "share_embeddings": "none", "tgt_vocab_size": 31},
+        {"embedding_norm": True, "share_embeddings": "decoder", "tgt_vocab_size": 29},
+        {
+            "d_embed": 8,
+            "embedding_proj_bias": True,
+            "embedding_scale_after_proj": True,
+            "factorized_output": False,
+            "share_embeddings": "none",
+        },
     ],
 )
 def test_parameter_count_closed_form(overrides: dict[str, Any]) -> None:

@@ -201,3 +201,64 @@ def test_seed000_stacks_match_its_notebook():
             memory_mask=attention_mask(~src_pad),
         )
     assert (expected - ours).abs().max().item() <= 1e-5
+
+
+def test_seed002_embedding_and_attention_match_its_notebook():
+    """Seed 002's EmbeddingWithProjection (biased projection, sqrt(d_model) after it, PE,
+    LayerNorm, dropout) and TransformerAttention against model=seed002's, in eval mode."""
+    from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention
+
+    seed = seed_classes("002")
+    torch.manual_seed(0)
+    ref = seed["EmbeddingWithProjection"](vocab_size=23, d_embed=8, d_model=16).eval()
+    randomize_norms(ref)
+    model = Transformer(preset("seed002", **SMALL, d_embed=8)).eval()
+    embed = model.src_embed
+    with torch.no_grad():
+        embed.token.weight.copy_(ref.embedding.weight)
+        copy_linear(embed.token.proj, ref.embd_proj.weight, ref.embd_proj.bias)
+        embed.norm.load_state_dict(ref.layernorm.state_dict())
+    tokens = random_tokens(3, 9, 23, seed=4)
+    with torch.no_grad():
+        assert (ref(tokens) - embed(tokens)).abs().max().item() <= 1e-5
+    assert embed.token.proj.bias is not None and model.output.proj is None  # direct output
+
+    attention = seed["TransformerAttention"](16, 4, dropout=0.1, bias=True).eval()
+    g = torch.Generator().manual_seed(6)
+    x, memory = torch.randn(3, 5, 16, generator=g), torch.randn(3, 7, 16, generator=g)
+    mask = torch.zeros(3, 1, 1, 7)  # additive, as the notebook takes it
+    mask[1, :, :, 5:] = float("-inf")
+    q, k, v, out = linears_002(attention)
+    ours_self = MultiHeadSelfAttention(16, 4).eval()
+    ours_cross = MultiHeadCrossAttention(16, 4).eval()
+    with torch.no_grad():
+        copy_attention(ours_self, q, k, v, out)
+        copy_attention(ours_cross, q, k, v, out)
+        torch.testing.assert_close(ours_self(x), attention(x), rtol=1e-5, atol=1e-5)
+        expected = attention(x, encoder_output=memory, att_mask=mask)
+        got = ours_cross(x, memory=memory, mask=mask.isfinite())
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def linears_002(attention):
+    parts = [getattr(attention, f"{n}_proj") for n in "qkv"]
+    q, k, v = ((p.weight, p.bias) for p in parts)
+    return q, k, v, attention.output_proj
+
+
+def test_seed002_bug_its_full_model_does_not_run_and_aiayn_s_does():
+    seed = seed_classes("002")
+    with pytest.raises(TypeError):
+        seed["Transformer"](
+            num_layer=2,
+            d_model=16,
+            d_embed=8,
+            d_ff=24,
+            num_head=4,
+            src_vocab_size=23,
+            tgt_vocab_size=19,
+        )
+    model = Transformer(preset("seed002", **SMALL, d_embed=8)).eval()
+    src, tgt = random_tokens(2, 6, 23, seed=4), random_tokens(2, 5, 19, seed=5)
+    with torch.no_grad():
+        assert torch.isfinite(model(src, tgt)).all()

@@ -23,8 +23,18 @@ STACKS = [
         "share_embeddings": "none",
         "embedding_dropout": 0.0,
     },
+    # seed 002's factorized embedding: biased projection scaled after, a LayerNorm on the
+    # embedding sum, a direct output layer
+    {
+        "d_embed": 8,
+        "embedding_proj_bias": True,
+        "embedding_scale_after_proj": True,
+        "embedding_norm": True,
+        "factorized_output": False,
+        "share_embeddings": "none",
+    },
 ]
-STACK_IDS = ["post-norm", "pre-norm", "torch-default", "seed-style"]
+STACK_IDS = ["post-norm", "pre-norm", "torch-default", "seed-style", "seed002-style"]
 
 
 def reference_from(model: Transformer) -> nn.Transformer:

@@ -10,7 +10,15 @@ from aiayn.inference import load_checkpoint
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.module import TranslationModule
-from tests.helpers import SIXTY_STEPS, cli, cli_overrides, csv_metrics, run_dirs
+from tests.helpers import (
+    SIXTY_STEPS,
+    cli,
+    cli_overrides,
+    compose_train,
+    csv_metrics,
+    fast_overrides,
+    run_dirs,
+)
 
 SHORT = ["data.toy_train_size=2000", "data.toy_val_size=100", "data.toy_test_size=100"]
 
@@ -300,3 +308,20 @@ def test_keep_last_keeps_the_newest_step_checkpoints(tmp_path):
     assert kept == ["step-best.ckpt", "step4.ckpt", "step5.ckpt", "step6.ckpt"]
     for step in (4, 5, 6):
         assert torch.load(directory / f"step{step}.ckpt", weights_only=True)["global_step"] == step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["torch_default", "seed000", "seed002", "seed003", "seed004"])
+def test_every_variant_preset_trains_on_the_toy_corpus(preset, tmp_path):
+    """`python train.py model=<preset>` at a small width: 60 updates lower the loss by > 1."""
+    from aiayn.training.run import run
+
+    small = ["model.d_model=64", "model.num_heads=4", "model.d_ff=128"]
+    small += ["model.num_encoder_layers=2", "model.num_decoder_layers=2", "test=false"]
+    if preset == "seed002":
+        small.append("model.d_embed=32")
+    fast = [o for o in fast_overrides(tmp_path) if not o.startswith("model=")]
+    overrides = [*fast, f"model={preset}", *small, *SIXTY_STEPS]
+    run(compose_train([*overrides, "data.max_tokens=512"], output_dir=tmp_path))
+    losses = csv_metrics(tmp_path)["train/loss"]
+    assert losses[-1] < losses[0] - 1.0, losses

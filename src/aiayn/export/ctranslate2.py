@@ -67,11 +67,13 @@ def _token_table(token: torch.nn.Module, d_model: int) -> tuple[np.ndarray, bool
     """The `(V, d_model)` input table and whether CTranslate2 must scale it by sqrt(d_model).
 
     Plain embeddings keep their (possibly tied) matrix and CTranslate2's own scaling; a
-    factorized one is folded: `(E * sqrt(e)) @ P^T`, already scaled."""
+    factorized one is folded: `((E * s) @ P^T + b) * s'`, already scaled."""
     if token.proj is None:
         return _np(token.weight), token.scale != 1.0  # model.scale_embeddings
     folded = (token.weight.detach().double() * token.scale) @ token.proj.weight.detach().double().T
-    return folded.float().numpy(), False
+    if token.proj.bias is not None:  # model.embedding_proj_bias: the same for every token
+        folded = folded + token.proj.bias.detach().double()
+    return (folded * token.out_scale).float().numpy(), False
 
 
 def _output_table(model: Transformer) -> np.ndarray:
@@ -105,6 +107,7 @@ def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -
         "activation": activation[config.activation],
         "head_dim": config.head_dim,
         "no_final_norm": not config.has_final_norm,
+        "layernorm_embedding": config.embedding_norm,
     }
     encoder = transformer_spec.TransformerEncoderSpec(
         config.num_encoder_layers, config.num_heads, **common
@@ -139,6 +142,9 @@ def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -
         _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
         _norm(layer_spec.attention.layer_norm, layer.norm2)
         _feed_forward(layer_spec.ffn, layer.ff, layer.norm3)
+    if config.embedding_norm:
+        _norm(encoder.layernorm_embedding, model.src_embed.norm)
+        _norm(decoder.layernorm_embedding, model.tgt_embed.norm)
     if config.has_final_norm:
         _norm(encoder.layer_norm, model.encoder.norm)
         _norm(decoder.layer_norm, model.decoder.norm)

@@ -52,6 +52,15 @@ class ModelConfig:
     output_bias: bool = False
     # dropout on the embedding sum; null: `dropout` (seed 001 uses none there, 0.2 in blocks)
     embedding_dropout: Optional[float] = None  # noqa: UP045
+    # a LayerNorm on the embedding sum (token + position), before its dropout (seed 002)
+    embedding_norm: bool = False
+    # factorized embeddings (d_embed): a bias on the d_embed -> d_model projection, and the
+    # sqrt(d_model) scaling after projecting instead of sqrt(d_embed) before (seed 002)
+    embedding_proj_bias: bool = False
+    embedding_scale_after_proj: bool = False
+    # factorized embeddings: the output layer projects d_model -> d_embed -> V (true), or is a
+    # direct d_model -> V matrix (false; needs share_embeddings='none'; seed 002)
+    factorized_output: bool = True
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -121,6 +130,18 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.share_embeddings={self.share_embeddings!r} is unknown; "
                 f"use one of {SHARE_EMBEDDINGS}"
+            )
+        for name in ("embedding_proj_bias", "embedding_scale_after_proj"):
+            if getattr(self, name) and self.d_embed is None:
+                raise ValueError(
+                    f"ModelConfig.{name} needs a factorized embedding: set ModelConfig.d_embed"
+                )
+        factorized, tied = self.d_embed is not None, self.share_embeddings != "none"
+        if factorized and not self.factorized_output and tied:
+            raise ValueError(
+                "ModelConfig.factorized_output=false (a direct d_model -> V output layer) "
+                "cannot be tied to the d_embed-wide embeddings: set "
+                f"share_embeddings='none' (got {self.share_embeddings!r})"
             )
         if self.share_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(

@@ -21,13 +21,23 @@ class TokenEmbedding(nn.Module):
     """``tokens (B, L)`` -> ``(B, L, d_model)``; ``weight (V, e)`` may be tied elsewhere."""
 
     def __init__(
-        self, vocab_size: int, d_model: int, d_embed: int | None = None, scale: bool = True
+        self,
+        vocab_size: int,
+        d_model: int,
+        d_embed: int | None = None,
+        scale: bool = True,
+        proj_bias: bool = False,
+        scale_after_proj: bool = False,
     ) -> None:
         super().__init__()
         width = d_embed if d_embed is not None else d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
-        self.proj = nn.Linear(width, d_model, bias=False) if d_embed is not None else None
-        self.scale = math.sqrt(width) if scale else 1.0
+        factorized = d_embed is not None
+        self.proj = nn.Linear(width, d_model, bias=proj_bias) if factorized else None
+        after = scale and factorized and scale_after_proj
+        # E * sqrt(e) (then projected), or projected then * sqrt(d_model) (seed 002)
+        self.scale = math.sqrt(width) if scale and not after else 1.0
+        self.out_scale = math.sqrt(d_model) if after else 1.0
 
     def reset_parameters(self) -> None:
         """``N(0, 1 / scale^2)``: unit-scale embedded tokens, scaled or not."""
@@ -35,7 +45,9 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = F.embedding(tokens, self.weight) * self.scale
-        return x if self.proj is None else self.proj(x)
+        if self.proj is not None:
+            x = self.proj(x)
+        return x * self.out_scale if self.out_scale != 1.0 else x
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -73,7 +85,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 class Embedding(nn.Module):
-    """``Dropout(TokenEmbedding(tokens) + PE)``: ``tokens (B, L)`` -> ``(B, L, d_model)``.
+    """``Dropout(TokenEmbedding(tokens) + PE)`` (with ``norm``: ``Dropout(LayerNorm(...))``):
+    ``tokens (B, L)`` -> ``(B, L, d_model)``.
 
     ``offset`` is the position of the first token (the cache length when decoding step by step).
     """
@@ -85,9 +98,11 @@ class Embedding(nn.Module):
         max_positions: int,
         positional: str = "sinusoidal",
         dropout: float = 0.0,
+        norm: bool = False,
     ) -> None:
         super().__init__()
         self.token = token
+        self.norm = nn.LayerNorm(d_model) if norm else None
         if positional == "sinusoidal":
             self.positional: nn.Module = SinusoidalPositionalEncoding(max_positions, d_model)
         elif positional == "learned":
@@ -105,6 +120,8 @@ class Embedding(nn.Module):
                 f"{self.max_positions}; raise max_positions or shorten the input"
             )
         x = self.token(tokens) + self.positional(length, offset)
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)
 
 

@@ -90,22 +90,28 @@ class Transformer(nn.Module):
         config.validate()
         self.config = config
         d, e = config.d_model, config.d_embed
-        scale = config.scale_embeddings
-        src_token = TokenEmbedding(config.src_vocab_size, d, e, scale)
+        options = (
+            config.scale_embeddings,
+            config.embedding_proj_bias,
+            config.embedding_scale_after_proj,
+        )
+        src_token = TokenEmbedding(config.src_vocab_size, d, e, *options)
         if config.share_embeddings == "all":
             tgt_token = src_token
         else:
-            tgt_token = TokenEmbedding(config.tgt_vocab_size, d, e, scale)
+            tgt_token = TokenEmbedding(config.tgt_vocab_size, d, e, *options)
         dropout = config.dropout if config.embedding_dropout is None else config.embedding_dropout
 
         def embedding(token: TokenEmbedding) -> Embedding:
-            return Embedding(token, d, config.max_positions, config.positional, dropout)
+            positional, norm = config.positional, config.embedding_norm
+            return Embedding(token, d, config.max_positions, positional, dropout, norm)
 
         self.src_embed = embedding(src_token)
         self.tgt_embed = embedding(tgt_token)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-        self.output = OutputProjection(d, config.tgt_vocab_size, e, config.output_bias)
+        e_out = e if config.factorized_output else None  # direct d_model -> V (seed 002)
+        self.output = OutputProjection(d, config.tgt_vocab_size, e_out, config.output_bias)
         if config.share_embeddings != "none":
             self.output.weight = tgt_token.weight
         self.reset_parameters()
