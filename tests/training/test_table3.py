@@ -110,3 +110,10 @@ def test_curves_are_the_seeds_mean_and_spread(sweep):
     assert [p[0] for p in ppl] == [1.0, 2.0, 3.0]
     assert ppl[-1][1] == pytest.approx(6.0)
     assert [table3.group_of(r) for r in ("A_h1", "C_dff_half", "norm_pre")] == ["A", "C", "norm"]
+
+
+def test_jobs_are_read_in_launch_order(tmp_path):
+    from aiayn.cli.table3 import _job_order
+
+    files = [tmp_path / name / ".hydra" / "overrides.yaml" for name in ("10", "2", "1", "x")]
+    assert [f.parent.parent.name for f in sorted(files, key=_job_order)] == ["1", "2", "10", "x"]

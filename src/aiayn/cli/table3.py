@@ -94,7 +94,7 @@ def read_jobs(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
     """Every finished job of the multiruns: its ablation row and metrics."""
     jobs = []
     for directory in multirun_dirs:
-        for overrides_file in sorted(directory.glob("*/.hydra/overrides.yaml")):
+        for overrides_file in sorted(directory.glob("*/.hydra/overrides.yaml"), key=_job_order):
             job = overrides_file.parent.parent
             overrides = yaml.safe_load(overrides_file.read_text()) or []
             row = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
@@ -116,6 +116,12 @@ def read_jobs(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
                 }
             )
     return jobs
+
+
+def _job_order(overrides_file: Path) -> tuple[int, str]:
+    """Jobs in launch order: `10` after `9` (Hydra numbers the job directories)."""
+    name = overrides_file.parent.parent.name
+    return (int(name), "") if name.isdigit() else (1 << 30, name)
 
 
 def _curve(job: Path) -> list[dict[str, float]]:
@@ -152,7 +158,8 @@ def verdict(ours: float | None, paper: float | None, noise: float | None) -> str
 
 
 def report(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
-    """The report's rows (base first, then in conf/ablation order of first appearance)."""
+    """The report's rows: base first, then each row where its first job was launched (job
+    directories in number order, the multiruns in the order given)."""
     jobs = read_jobs(multirun_dirs)
     rows: dict[str, Row] = {}
     for job in jobs:
