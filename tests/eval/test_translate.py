@@ -214,6 +214,7 @@ def test_required_and_unknown_keys(tmp_path):
         run(compose_config("translate", ["ckpt_path=x.ckpt", "+beam_sise=3"], tmp_path))
 
 
+@pytest.mark.slow
 def test_prefixes_force_the_start_of_each_output(ckpt, translator, lines, tmp_path):
     """decode.prefix (every line) and prefix_file (one per line; blank forces nothing), with
     greedy and beam n-best: each output starts with its prefix, which is not where the plain
@@ -267,6 +268,7 @@ def test_a_prefix_file_must_match_the_input_line_for_line(ckpt, lines, tmp_path)
         run(compose_config("translate", [*missing, f"prefix_file={tmp_path}/nope.txt"], tmp_path))
 
 
+@pytest.mark.slow
 def test_translate_and_evaluate_show_progress_on_a_terminal(ckpt, lines, tmp_path, terminal):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
