@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -94,8 +95,9 @@ def set_progress(enabled: bool) -> None:
 
 def progress_console() -> Console:
     """Where progress bars are drawn: standard error (standard output may carry
-    translations)."""
-    return Console(stderr=True)
+    translations), and only while standard output is a terminal too (a redirected run's
+    output and logs stay clean)."""
+    return Console(stderr=True, force_terminal=None if sys.stdout.isatty() else False)
 
 
 Advance = Callable[[int], None]
@@ -103,8 +105,8 @@ Advance = Callable[[int], None]
 
 class Stages:
     """Rich progress bars on standard error, one per stage (`stage(name, total)` returns
-    `advance(n)`); silent when disabled or when standard error is not a terminal (logs, CI,
-    pipes), so a redirected run's output stays clean."""
+    `advance(n)`); silent when disabled or when standard output or error is not a terminal
+    (logs, CI, pipes), so a redirected run's output stays clean."""
 
     def __init__(self, progress: Progress | None) -> None:
         self._progress = progress

@@ -61,3 +61,15 @@ def test_the_summary_names_the_wandb_run(tmp_path):
     offline.mkdir(parents=True)
     text = closing_summary({"run_dir": str(tmp_path), "test": {"test/bleu": 12.5}})
     assert f"W&B run:         {offline}" in text and "test/bleu = 12.50" in text
+
+
+def test_progress_bars_need_standard_output_on_a_terminal_too(monkeypatch):
+    """`translate.py > out.txt`: standard output redirected, so no bar even when standard
+    error is a terminal (forced here with TTY_COMPATIBLE, which rich honours)."""
+    import io
+
+    from aiayn import console
+
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert console.progress_console().is_terminal is False
