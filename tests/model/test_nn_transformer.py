@@ -102,22 +102,10 @@ def test_is_causal_without_a_mask_builds_it():
 def test_trains_like_torch_one_step():
     """Dropout off, one SGD step on both: the same weights after (gradients agree)."""
     torch.manual_seed(0)
-    ref = nn.Transformer(
-        d_model=16,
-        nhead=4,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dim_feedforward=24,
-        dropout=0.0,
-    )
-    ours = aiayn_nn.Transformer(
-        d_model=16,
-        nhead=4,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        dim_feedforward=24,
-        dropout=0.0,
-    )
+    one_layer = dict(d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1)
+    one_layer |= dict(dim_feedforward=24, dropout=0.0)
+    ref = nn.Transformer(**one_layer)
+    ours = aiayn_nn.Transformer(**one_layer)
     ours.copy_from(ref)
     src, tgt = inputs(False)
     for model in (ref, ours):

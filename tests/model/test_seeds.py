@@ -23,22 +23,22 @@ def preset(name: str, **overrides) -> ModelConfig:
     return ModelConfig(**{**values, **overrides})
 
 
-def _copy_layers(model: Transformer, encoder_layers, decoder_layers, ff_names) -> None:
+def _copy_layers(encoder, decoder, encoder_layers, decoder_layers, ff_names) -> None:
+    """A seed's layers into aiayn's `encoder`/`decoder` stacks: attention (self, and cross as
+    `cross_attn` or `multihead_attn`), the FFN's two Linears (on a `feed_forward` or
+    `pos_feed_forward` module, or on the layer itself) and the norms."""
     first, second = ff_names
-    for dst, src in zip(model.encoder.layers, encoder_layers, strict=True):
+    pairs = [(dst, src, 2) for dst, src in zip(encoder.layers, encoder_layers, strict=True)]
+    pairs += [(dst, src, 3) for dst, src in zip(decoder.layers, decoder_layers, strict=True)]
+    for dst, src, norms in pairs:
         copy_attention(dst.self_attn, *linears(src.self_attn))
-        ff = src.feed_forward if hasattr(src, "feed_forward") else src.pos_feed_forward
+        if norms == 3:
+            cross = getattr(src, "cross_attn", None) or src.multihead_attn
+            copy_attention(dst.cross_attn, *linears(cross))
+        ff = getattr(src, "feed_forward", None) or getattr(src, "pos_feed_forward", None) or src
         copy_linear(dst.ff.linear1, getattr(ff, first).weight, getattr(ff, first).bias)
         copy_linear(dst.ff.linear2, getattr(ff, second).weight, getattr(ff, second).bias)
-        for i in (1, 2):
-            getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
-    for dst, src in zip(model.decoder.layers, decoder_layers, strict=True):
-        copy_attention(dst.self_attn, *linears(src.self_attn))
-        copy_attention(dst.cross_attn, *linears(src.cross_attn))
-        ff = src.feed_forward if hasattr(src, "feed_forward") else src.pos_feed_forward
-        copy_linear(dst.ff.linear1, getattr(ff, first).weight, getattr(ff, first).bias)
-        copy_linear(dst.ff.linear2, getattr(ff, second).weight, getattr(ff, second).bias)
-        for i in (1, 2, 3):
+        for i in range(1, norms + 1):
             getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
 
 
@@ -68,7 +68,8 @@ def test_seed003_matches_its_notebook():
         model.src_embed.token.weight.copy_(ref.encoder_embedding.weight)
         model.tgt_embed.token.weight.copy_(ref.decoder_embedding.weight)
         copy_linear(model.output, ref.fc_out.weight, ref.fc_out.bias)
-        _copy_layers(model, ref.encoder_layers, ref.decoder_layers, ("linear1", "linear2"))
+        layers = (ref.encoder_layers, ref.decoder_layers)
+        _copy_layers(model.encoder, model.decoder, *layers, ("linear1", "linear2"))
     src = random_tokens(3, 9, 23, seed=4)
     src[1, 6:] = 0  # padded sources (pad id 0, as the notebook's masks assume)
     tgt = random_tokens(3, 7, 19, seed=5)  # unpadded targets: see the NaN bug below
@@ -119,7 +120,8 @@ def test_seed004_matches_its_notebook_where_its_missing_causal_mask_does_not_mat
         model.src_embed.token.weight.copy_(ref.encoder.embedding.weight)
         model.tgt_embed.token.weight.copy_(ref.decoder.embedding.weight)
         copy_linear(model.output, ref.decoder.out.weight, ref.decoder.out.bias)
-        _copy_layers(model, ref.encoder.blocks, ref.decoder.blocks, ("W1", "W2"))
+        layers = (ref.encoder.blocks, ref.decoder.blocks)
+        _copy_layers(model.encoder, model.decoder, *layers, ("W1", "W2"))
     src, tgt = random_tokens(3, 9, 23, seed=4), random_tokens(3, 7, 23, seed=5)
     with torch.no_grad():
         first = ref(src, tgt[:, :1]), model(src, tgt[:, :1])
@@ -162,19 +164,8 @@ def test_seed000_stacks_match_its_notebook():
     config = preset("seed000", **(SMALL | {"tgt_vocab_size": 23}))
     encoder, decoder = Encoder(config).eval(), Decoder(config).eval()
     with torch.no_grad():
-        for dst, src in zip(encoder.layers, ref.encoder.layers, strict=True):
-            copy_attention(dst.self_attn, *linears(src.self_attn))
-            copy_linear(dst.ff.linear1, src.linear1.weight, src.linear1.bias)
-            copy_linear(dst.ff.linear2, src.linear2.weight, src.linear2.bias)
-            for i in (1, 2):
-                getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
-        for dst, src in zip(decoder.layers, ref.decoder.layers, strict=True):
-            copy_attention(dst.self_attn, *linears(src.self_attn))
-            copy_attention(dst.cross_attn, *linears(src.multihead_attn))
-            copy_linear(dst.ff.linear1, src.linear1.weight, src.linear1.bias)
-            copy_linear(dst.ff.linear2, src.linear2.weight, src.linear2.bias)
-            for i in (1, 2, 3):
-                getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
+        layers = (ref.encoder.layers, ref.decoder.layers)
+        _copy_layers(encoder, decoder, *layers, ("linear1", "linear2"))
         encoder.norm.load_state_dict(ref.encoder.norm.state_dict())
         decoder.norm.load_state_dict(ref.decoder.norm.state_dict())
     g = torch.Generator().manual_seed(3)

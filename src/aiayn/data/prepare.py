@@ -218,8 +218,9 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     seconds["encode"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    # the cache holds the texts once more (JSON lines) and their token ids
-    needed = 2 * sum(len(line.encode()) for role in ROLES for side in texts[role] for line in side)
+    # the cache holds the texts once more (JSON lines) and their token ids (characters as an
+    # estimate of bytes: no second encoding pass over the corpus)
+    needed = 2 * sum(map(len, itertools.chain.from_iterable(itertools.chain(*texts.values()))))
     kept = "; no cache was written, earlier caches are intact"
     with writing(cache_path(cfg), needed, kept):
         splits, tokenizer_files, dtype = _write_cache(cfg, out, texts, encoded, tokenizers, bars)

@@ -137,8 +137,10 @@ class Translator:
 
     def _prefix_ids(self, count: int, prefixes: list[str] | None) -> list[list[int]]:
         """Target ids of each line's forced prefix: `prefixes[i]`, else `decode.prefix`."""
+        if prefixes is None and not self.decode.prefix:
+            return [[] for _ in range(count)]  # nothing forced: no tokenizer call per line
         if prefixes is None:
-            prefixes = [self.decode.prefix or ""] * count
+            prefixes = [self.decode.prefix] * count
         if len(prefixes) != count:
             raise TranslationError(f"{len(prefixes)} prefixes for {count} lines")
         return self.tokenizers.encode(prefixes, side="tgt")
