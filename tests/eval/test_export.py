@@ -14,9 +14,10 @@ from aiayn.errors import CheckpointError
 from aiayn.export.ctranslate2 import cached_export, export, model_spec, save_spec
 from aiayn.inference.ct2 import CT2Translator, load_translator
 from aiayn.inference.evaluation import run as evaluate
+from aiayn.model import build_model
 from tests.eval.conftest import reference_translations
 from tests.helpers import CONFIG_ERRORS, cli, compose_config
-from tests.model.model_helpers import random_tokens, tiny_model
+from tests.model.model_helpers import random_tokens, tiny_config, tiny_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -228,6 +229,9 @@ def test_what_ctranslate2_cannot_express_is_refused_by_name(tmp_path):
     model = tiny_model(final_norm=True)  # post-norm stacks with final norms (torch's default)
     with pytest.raises(CONFIG_ERRORS, match=r"model\.final_norm=true on post-norm"):
         model_spec(model, _vocab(23), _vocab(23))
+    lstm = build_model(tiny_config(arch="rnn"))
+    with pytest.raises(CONFIG_ERRORS, match=r"model\.arch='rnn': decode it with engine=torch"):
+        model_spec(lstm, _vocab(23), _vocab(23))
 
 
 def test_export_config_and_foreign_directories_are_refused(tmp_path):

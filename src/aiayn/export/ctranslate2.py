@@ -31,7 +31,7 @@ import torch
 from aiayn.data.special import UNK_TOKEN
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.model import ModelConfig, Transformer
+from aiayn.model import Model, ModelConfig, Transformer
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 METADATA = "aiayn.json"
@@ -89,13 +89,18 @@ def _positions(embedding: torch.nn.Module, config: ModelConfig) -> np.ndarray:
     return _np(embedding.positional(config.max_positions, 0))
 
 
-def model_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -> Any:
+def model_spec(model: Model, src_vocab: list[str], tgt_vocab: list[str]) -> Any:
     """The CTranslate2 `TransformerSpec` of `model`, weights set, the vocabularies (token
     strings in id order, specials at the model's ids) registered."""
     ctranslate2_module()
     from ctranslate2.specs import common_spec, transformer_spec
 
     config = model.config
+    if config.arch != "transformer":
+        raise ConfigError(
+            f"CTranslate2 export converts Transformers; this model is model.arch={config.arch!r}"
+            ": decode it with engine=torch"
+        )
     if config.has_final_norm and not config.norm_first:
         raise ConfigError(
             "CTranslate2 cannot express model.final_norm=true on post-norm stacks "

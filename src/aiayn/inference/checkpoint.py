@@ -18,7 +18,7 @@ import torch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, DataError, writing
 from aiayn.inference.translator import Translator
-from aiayn.model import DecodeConfig, ModelConfig, Transformer
+from aiayn.model import DecodeConfig, ModelConfig, build_model
 
 MODEL_PREFIX = "model."  # the Transformer's weights inside the LightningModule's state_dict
 
@@ -76,7 +76,7 @@ def tensor_bytes(obj: Any) -> int:
 def load_checkpoint(
     ckpt_path: str | Path, device: str = "auto", tokenizer: str | None = None
 ) -> Translator:
-    """A `Translator` for the checkpoint: its Transformer in eval mode on `device`, its
+    """A `Translator` for the checkpoint: its model in eval mode on `device`, its
     tokenizer, and its decode settings.
 
     `tokenizer` (a tokenizer.json or a directory written by `Tokenizers.save`) stands in for a
@@ -88,7 +88,7 @@ def load_checkpoint(
     if "model" not in hparams:
         raise CheckpointError(f"{path} has no model hyper-parameters: not an aiayn checkpoint")
     config = ModelConfig(**hparams["model"])
-    model = Transformer(config)
+    model = build_model(config)
     weights = model_weights(checkpoint)
     try:
         model.load_state_dict(weights)

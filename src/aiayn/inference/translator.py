@@ -1,4 +1,4 @@
-"""`Translator`: raw text lines in, translated lines out, with one Transformer and its
+"""`Translator`: raw text lines in, translated lines out, with one model and its
 tokenizers. Training's validation decodes through it too, so there is one decode path.
 
 Sources are laid out exactly as in training (`x + <eos>`, see
@@ -21,7 +21,7 @@ from torch import Tensor
 from aiayn.data.dataset import collate_sources
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, TranslationError
-from aiayn.model import DecodeConfig, Hypothesis, Transformer, generate
+from aiayn.model import DecodeConfig, Hypothesis, Model, generate
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer,
+        model: Model,
         tokenizers: Tokenizers,
         decode: DecodeConfig,
         on_long: str = "truncate",

@@ -9,6 +9,16 @@ from typing import Optional
 ACTIVATIONS = ("relu", "gelu")
 POSITIONALS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("none", "decoder", "all")
+ARCHS = ("transformer", "rnn")
+# settings only the Transformer has: arch='rnn' refuses them away from their defaults
+TRANSFORMER_ONLY = {
+    "norm_first": False,
+    "final_norm": None,
+    "head_dim": None,
+    "positional": "sinusoidal",
+    "embedding_norm": False,
+    "activation_dropout": 0.0,
+}
 
 
 @dataclass
@@ -19,7 +29,15 @@ class ModelConfig:
     projection) or 'all' (source, target and output projection share one matrix; needs
     equal vocabulary sizes). d_embed: optional factorized embedding size, projected to d_model.
     pad_id, bos_id, eos_id: the special token ids (distinct, inside both vocabularies).
+
+    arch: 'transformer' (this model) or 'rnn', the attention-LSTM baseline
+    (`aiayn.model.rnn.AttentionLSTM`): d_model is then its width, num_encoder_layers /
+    num_decoder_layers its LSTM depths, and the embedding and output settings apply as they
+    are; num_heads, d_ff, activation and attention_dropout are not used, and the settings in
+    TRANSFORMER_ONLY must keep their defaults.
     """
+
+    arch: str = "transformer"
 
     src_vocab_size: int = 37000
     tgt_vocab_size: int = 37000
@@ -106,7 +124,7 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.head_dim must be a positive integer or null, got {self.head_dim!r}"
             )
-        if self.head_dim is None and self.d_model % self.num_heads != 0:
+        if self.arch == "transformer" and self.head_dim is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} is not divisible by "
                 f"ModelConfig.num_heads={self.num_heads}; choose num_heads dividing d_model "
@@ -118,6 +136,10 @@ class ModelConfig:
                 continue
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"ModelConfig.arch={self.arch!r} is unknown; use one of {ARCHS}")
+        if self.arch == "rnn":
+            self._validate_rnn()
         if self.activation not in ACTIVATIONS:
             raise ValueError(
                 f"ModelConfig.activation={self.activation!r} is unknown; use one of {ACTIVATIONS}"
@@ -161,3 +183,16 @@ class ModelConfig:
                 f"ModelConfig.pad_id={self.pad_id}, ModelConfig.bos_id={self.bos_id} and "
                 f"ModelConfig.eos_id={self.eos_id} must be distinct"
             )
+
+    def _validate_rnn(self) -> None:
+        if self.d_model % 2:
+            raise ValueError(
+                f"ModelConfig.d_model={self.d_model} must be even for arch='rnn' (the "
+                "bidirectional encoder gives each direction half of it)"
+            )
+        for name, default in TRANSFORMER_ONLY.items():
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r} is a Transformer setting that "
+                    f"arch='rnn' does not have: drop it (default {default!r})"
+                )

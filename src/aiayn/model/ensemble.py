@@ -1,8 +1,8 @@
-"""`Ensemble`: several Transformers decoding as one (fairseq `--path a.pt:b.pt`, OpenNMT
-`-model m1 m2`): at each step the next-token distribution is the mean of the members'
-probabilities, returned as its log. It offers what `generate` uses of a `Transformer`
-(`config`, `encode`, `init_cache`, `decode_step`), so greedy, beam and sampling decode an
-ensemble unchanged.
+"""`Ensemble`: several models (Transformers, LSTMs or both) decoding as one (fairseq
+`--path a.pt:b.pt`, OpenNMT `-model m1 m2`): at each step the next-token distribution is the
+mean of the members' probabilities, returned as its log. It offers what `generate` uses of a
+model (`config`, `encode`, `init_cache`, `decode_step`), so greedy, beam and sampling decode
+an ensemble unchanged.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from aiayn.model.cache import KVCache
-from aiayn.model.transformer import Transformer
+from aiayn.model.build import Cache, Model
 
 
 class EnsembleCache:
-    """One `KVCache` per member, reordered together (beam search)."""
+    """One cache per member, reordered together (beam search)."""
 
-    def __init__(self, caches: list[KVCache]) -> None:
+    def __init__(self, caches: list[Cache]) -> None:
         self.caches = caches
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
@@ -40,7 +39,7 @@ class Ensemble(nn.Module):
     """The members must share special ids and target vocabulary size (ValueError otherwise);
     `config` is the first member's, with the smallest `max_positions` of all."""
 
-    def __init__(self, models: list[Transformer]) -> None:
+    def __init__(self, models: list[Model]) -> None:
         super().__init__()
         if not models:
             raise ValueError("an ensemble needs at least one model")

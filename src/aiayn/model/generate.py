@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from aiayn.model.cache import KVCache
+from aiayn.model.build import Cache, Model
 from aiayn.model.masks import padding_mask
-from aiayn.model.transformer import Transformer
 
 if TYPE_CHECKING:
     from aiayn.model.ensemble import Ensemble
@@ -129,7 +128,7 @@ def max_output_lengths(
 
 @torch.inference_mode()
 def generate(
-    model: Transformer | Ensemble,
+    model: Model | Ensemble,
     src: Tensor,
     config: DecodeConfig,
     src_mask: Tensor | None = None,
@@ -137,8 +136,8 @@ def generate(
 ) -> list[list[Hypothesis]]:
     """Translate ``src (B, S)`` (``src_mask (B, S)`` True = real; default from ``pad_id``).
 
-    ``model`` is a Transformer or an `Ensemble` of them. Decoding starts from
-    ``model.config.bos_id`` and a hypothesis ends at
+    ``model`` is a Transformer, an LSTM (`AttentionLSTM`) or an `Ensemble` of them.
+    Decoding starts from ``model.config.bos_id`` and a hypothesis ends at
     ``model.config.eos_id``. Returns B lists of ``config.nbest`` hypotheses, best first. A
     sentence decodes the same alone and inside a padded batch; ``beam_size=1`` gives exactly
     the greedy result. ``prefix`` (B lists of target ids, [] for none) forces the start of
@@ -194,7 +193,11 @@ def _forced_tokens(
 
 
 def _next_logprobs(
-    model: Transformer, tokens: Tensor, cache: KVCache, forced: Tensor | None = None, step: int = 0
+    model: Model | Ensemble,
+    tokens: Tensor,
+    cache: Cache,
+    forced: Tensor | None = None,
+    step: int = 0,
 ) -> Tensor:
     """``tokens (N, 1)`` -> float32 log-probabilities of the next token ``(N, V)``; a row
     whose prefix (``forced (N, P)``, -1 = none) reaches ``step`` may only take its token."""
@@ -239,8 +242,8 @@ def _sampler(config: DecodeConfig, device: torch.device) -> Pick:
 
 
 def _greedy(
-    model: Transformer,
-    cache: KVCache,
+    model: Model | Ensemble,
+    cache: Cache,
     max_lens: list[int],
     alpha: float,
     device: torch.device,
@@ -276,8 +279,8 @@ def _greedy(
 
 
 def _beam(
-    model: Transformer,
-    cache: KVCache,
+    model: Model | Ensemble,
+    cache: Cache,
     max_lens: list[int],
     k: int,
     nbest: int,

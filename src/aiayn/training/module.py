@@ -1,4 +1,4 @@
-"""`TranslationModule`: the LightningModule around `Transformer`.
+"""`TranslationModule`: the LightningModule around the model (`Transformer` or the LSTM baseline).
 
 It owns the loss (label-smoothed cross-entropy over non-padding tokens), the optimizer and
 its per-update schedule, and the metrics (`train/*`, `val/*`, `test/*`); a checkpoint also
@@ -21,14 +21,14 @@ from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import DivergedError
 from aiayn.inference.translator import Translator
-from aiayn.model import DecodeConfig, ModelConfig, Transformer
+from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.schedules import OptimConfig, lr_multiplier
 
 
 class TranslationModule(L.LightningModule):
-    """Train, validate and test a `Transformer` on `Batch`es of token ids.
+    """Train, validate and test a model (`build_model`) on `Batch`es of token ids.
 
     Arguments are plain dicts (the resolved Hydra groups) so that
     `TranslationModule.load_from_checkpoint(path)` needs nothing else. `tokenizers` must be
@@ -55,7 +55,7 @@ class TranslationModule(L.LightningModule):
         self.optim_config = OptimConfig(**optim)
         self.decode_config = DecodeConfig(**decode)
         self.val_decode_config = self.decode_config.updated(val_decode or {})
-        self.model = Transformer(self.model_config)
+        self.model = build_model(self.model_config)
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
         self.tokenizers: Tokenizers | None = None
