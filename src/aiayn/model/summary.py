@@ -13,19 +13,38 @@ def forward_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -
     attention's two included, the output projection over the whole vocabulary; elementwise
     work (norms, softmax, activations) and embedding lookups are left out.
     A training step (forward + backward) is ~3x this."""
-    d, f, v = config.d_model, config.d_ff, config.tgt_vocab_size
-    a = config.num_heads * (config.head_dim or d // config.num_heads)  # attention width
+    d, v = config.d_model, config.tgt_vocab_size
     S, T = src_len, tgt_len
-    encoder = S * (3 * d * a + a * d + 2 * d * f) + 2 * S * S * a
-    decoder = T * (3 * d * a + a * d + 2 * d * f) + 2 * T * T * a  # self-attention, FFN
-    decoder += T * (2 * d * a) + S * (2 * d * a) + 2 * T * S * a  # cross: q + out, k/v, attend
-    embed = 0 if config.d_embed is None else (S + 2 * T) * config.d_embed * d  # factor projections
-    per_sentence = (
-        config.num_encoder_layers * encoder + config.num_decoder_layers * decoder + T * d * v
+    stacks = (
+        _rnn_stacks(config, S, T) if config.arch == "rnn" else _transformer_stacks(config, S, T)
     )
+    embed = 0 if config.d_embed is None else (S + 2 * T) * config.d_embed * d  # factor projections
+    per_sentence = stacks + T * d * v
     if config.d_embed is not None:
         per_sentence += T * (config.d_embed - d) * v  # the projection onto V is d_embed wide
     return 2 * batch * (per_sentence + embed)
+
+
+def _transformer_stacks(config: ModelConfig, S: int, T: int) -> int:
+    """Multiply-adds of the encoder and decoder layers for one sentence pair."""
+    d, f = config.d_model, config.d_ff
+    a = config.num_heads * (config.head_dim or d // config.num_heads)  # attention width
+    encoder = S * (3 * d * a + a * d + 2 * d * f) + 2 * S * S * a
+    decoder = T * (3 * d * a + a * d + 2 * d * f) + 2 * T * T * a  # self-attention, FFN
+    decoder += T * (2 * d * a) + S * (2 * d * a) + 2 * T * S * a  # cross: q + out, k/v, attend
+    return config.num_encoder_layers * encoder + config.num_decoder_layers * decoder
+
+
+def _rnn_stacks(config: ModelConfig, S: int, T: int) -> int:
+    """The same for the LSTM baseline: its gates (4 per unit, input and recurrent products),
+    attention keys W_a, scores and context, W_c, and the bridge to the initial state."""
+    d, h = config.d_model, config.d_model // 2
+    encoder = S * 2 * 4 * h * (d + h)  # per layer, both directions
+    decoder = T * 4 * d * 2 * d
+    attention = S * d * d + 2 * T * S * d + T * 2 * d * d
+    bridge = d * config.num_decoder_layers * d
+    layers = config.num_encoder_layers * encoder + config.num_decoder_layers * decoder
+    return layers + attention + bridge
 
 
 def parameter_summary(model: nn.Module) -> dict[str, int]:
