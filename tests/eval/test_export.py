@@ -45,6 +45,7 @@ VARIANTS = {
         "share_embeddings": "none",
         "output_bias": True,
     },
+    "seed 001: per-head shared Q/K/V matrices": {"shared_head_qkv": True},
     "pre-norm, learned, factorized, unshared": {
         "norm_first": True,
         "positional": "learned",

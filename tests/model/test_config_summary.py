@@ -47,6 +47,9 @@ from aiayn.model import (
         ({"eos_id": 1}, "eos_id"),
         ({"pad_id": 2}, "pad_id"),
         ({"embedding_proj_bias": True}, "embedding_proj_bias"),
+        ({"shared_head_qkv": True, "head_dim": 2}, "shared_head_qkv"),
+        ({"dropout_after_norm": True, "norm_first": True}, "dropout_after_norm"),
+        ({"arch": "rnn", "shared_head_qkv": True}, "shared_head_qkv"),
         ({"embedding_scale_after_proj": True}, "embedding_scale_after_proj"),
         ({"d_embed": 8, "factorized_output": False}, "factorized_output"),
         ({"embedding_dropout": 1.0}, "embedding_dropout"),
@@ -69,6 +72,8 @@ def closed_form(cfg: ModelConfig) -> int:
     d, f, e = cfg.d_model, cfg.d_ff, cfg.d_embed
     a = cfg.num_heads * cfg.head_dim if cfg.head_dim else d  # attention width
     attention = 4 * d * a + 3 * a + d  # q, k, v: (a, d) + a; out: (d, a) + d
+    if cfg.shared_head_qkv:  # q, k, v: one bias-free (d_k, d_k) matrix each; out as before
+        attention = 3 * (d // cfg.num_heads) ** 2 + d * a + d
     ffn = 2 * d * f + f + d
     norm = 2 * d
     encoder = cfg.num_encoder_layers * (attention + ffn + 2 * norm)
@@ -108,6 +113,7 @@ def closed_form(cfg: ModelConfig) -> int:
         {"head_dim": 4},
         {"head_dim": 12, "num_heads": 3, "share_embeddings": "none"},
         {"final_norm": True, "activation_dropout": 0.1},
+        {"shared_head_qkv": True, "dropout_after_norm": True, "num_heads": 2},
         {"final_norm": False, "norm_first": True},
         {"output_bias": True, "scale_embeddings": False, "embedding_dropout": 0.0},
         {"output_bias": True, "share_embeddings": "none", "tgt_vocab_size": 31},
@@ -163,8 +169,9 @@ def test_format_parameter_summary() -> None:
         {"head_dim": 3},
         {"d_embed": 6, "share_embeddings": "none", "tgt_vocab_size": 19},
         {"arch": "rnn", "num_decoder_layers": 3},
+        {"shared_head_qkv": True},
     ],
-    ids=["plain", "head_dim", "factorized", "rnn"],
+    ids=["plain", "head_dim", "factorized", "rnn", "shared-head-qkv"],
 )
 def test_forward_flops_equal_torchs_count_of_the_real_forward(overrides: dict[str, Any]) -> None:
     """The closed form against torch's FLOP counter on the real forward pass (matmuls and

@@ -253,3 +253,82 @@ def test_seed002_bug_its_full_model_does_not_run_and_aiayn_s_does():
     src, tgt = random_tokens(2, 6, 23, seed=4), random_tokens(2, 5, 19, seed=5)
     with torch.no_grad():
         assert torch.isfinite(model(src, tgt)).all()
+
+
+# seed 001 does not run as written: its typos fixed, and its one modelling bug (V projected
+# with Q's matrix), which aiayn does not reproduce
+SEED001_TYPOS = {
+    "self.embed_dim / self.embed_dimn_heads": "self.embed_dim / self.n_heads",
+    "torch.matmut(": "torch.matmul(",
+    ".continguous()": ".contiguous()",
+    "nn.LayerNorm(emdeb_dim)": "nn.LayerNorm(embed_dim)",
+    "expansion_factor*embed_dim)\n": "expansion_factor*embed_dim),\n",  # missing commas
+    "nn.ReLU()\n": "nn.ReLU(),\n",
+    "        self.layers = ": "        self.layers = None  # the notebook ends mid-line here",
+}
+SEED001_V_BUG = {"v = self.query_matrix(value)": "v = self.value_matrix(value)"}
+
+
+class Scale(torch.nn.Module):
+    """A deterministic stand-in for dropout (x 1.7), so that where it sits shows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 1.7 * x
+
+
+def _seed001_block_and_layer(fixes: dict[str, str]):
+    """The notebook's EncoderBlock and model=seed001's EncoderLayer with its weights."""
+    from aiayn.model.layers import EncoderLayer
+
+    seed = seed_classes("001", fixes)
+    torch.manual_seed(0)
+    ref = seed["EncoderBlock"](embed_dim=16, n_heads=4, expansion_factor=4)
+    randomize_norms(ref)
+    with torch.no_grad():  # biases away from zero, so that a dropped one shows
+        for name, p in ref.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.3, 0.3)
+    layer = EncoderLayer(preset("seed001", d_model=16, num_heads=4, d_ff=64))
+    attention = ref.attention
+    with torch.no_grad():
+        for i, kind in enumerate(("query", "key", "value")):
+            layer.self_attn.qkv_proj.weight[i].copy_(getattr(attention, f"{kind}_matrix").weight)
+        copy_linear(layer.self_attn.out_proj, attention.out.weight, attention.out.bias)
+        ff = ref.feed_forward
+        copy_linear(layer.ff.linear1, ff[0].weight, ff[0].bias)
+        copy_linear(layer.ff.linear2, ff[2].weight, ff[2].bias)
+        layer.norm1.load_state_dict(ref.norm1.state_dict())
+        layer.norm2.load_state_dict(ref.norm2.state_dict())
+    return ref, layer
+
+
+def test_seed001_block_matches_its_notebook_in_eval_and_in_its_dropout_placement():
+    """Per-head shared bias-free Q/K/V matrices, a biased output Linear, post-norm blocks:
+    equal in eval mode; with dropout replaced by a fixed scaling, equal in train mode too
+    (dropout after the LayerNorm), and unequal with the paper's placement."""
+    ref, layer = _seed001_block_and_layer(SEED001_TYPOS | SEED001_V_BUG)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    ref.eval(), layer.eval()
+    with torch.no_grad():
+        assert (ref(x, x, x) - layer(x)).abs().max().item() <= 1e-5
+        ref.dropout1, ref.dropout2, layer.dropout = Scale(), Scale(), Scale()
+        assert (ref(x, x, x) - layer(x)).abs().max().item() <= 1e-5
+        layer.placement = (False, False)  # the paper's: dropout before the residual sum
+        assert (ref(x, x, x) - layer(x)).abs().max().item() > 1e-2
+
+
+def test_seed001_bug_v_uses_q_s_matrix_and_aiayn_does_not():
+    ref, layer = _seed001_block_and_layer(SEED001_TYPOS)  # V through Q's matrix, as written
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    ref.eval(), layer.eval()
+    with torch.no_grad():
+        assert (ref(x, x, x) - layer(x)).abs().max().item() > 1e-2
+        layer.self_attn.qkv_proj.weight[2].copy_(layer.self_attn.qkv_proj.weight[0])
+        assert (ref(x, x, x) - layer(x)).abs().max().item() <= 1e-5  # only if V copies Q
+
+
+def test_seed001_preset_trains_its_intent():
+    config = preset("seed001")
+    assert config.shared_head_qkv and config.dropout_after_norm and not config.norm_first
+    assert (config.dropout, config.embedding_dropout) == (0.2, 0.0)
+    assert config.d_ff == 4 * config.d_model

@@ -33,8 +33,28 @@ STACKS = [
         "factorized_output": False,
         "share_embeddings": "none",
     },
+    # seed 001's intent: per-head shared bias-free Q/K/V matrices, dropout after the norms
+    {"shared_head_qkv": True, "dropout_after_norm": True, "embedding_dropout": 0.0},
 ]
-STACK_IDS = ["post-norm", "pre-norm", "torch-default", "seed-style", "seed002-style"]
+STACK_IDS = [
+    "post-norm",
+    "pre-norm",
+    "torch-default",
+    "seed-style",
+    "seed002-style",
+    "seed001-style",
+]
+
+
+def with_head_dims(head_dim: int) -> list:
+    """Every stack with the default head width, and with ``head_dim`` where the stack allows
+    one (per-head shared Q/K/V needs d_model / num_heads)."""
+    cases = []
+    for stack, name in zip(STACKS, STACK_IDS, strict=True):
+        cases.append(pytest.param(stack, None, id=f"{name}-None"))
+        if not stack.get("shared_head_qkv"):
+            cases.append(pytest.param(stack, head_dim, id=f"{name}-{head_dim}"))
+    return cases
 
 
 def reference_from(model: Transformer) -> nn.Transformer:
@@ -117,8 +137,7 @@ def test_matches_torch_transformer(norm_first: bool, final_norm, activation: str
     torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim", [None, 2])  # 2: attention width 8 != d_model 16
-@pytest.mark.parametrize("stack", STACKS, ids=STACK_IDS)
+@pytest.mark.parametrize(("stack", "head_dim"), with_head_dims(2))  # width 8 != d_model 16
 def test_no_future_leakage(stack: dict, head_dim: int | None) -> None:
     model = tiny_model(**stack, head_dim=head_dim)
     src = random_tokens(2, 6, 23, seed=3)
@@ -134,8 +153,7 @@ def test_no_future_leakage(stack: dict, head_dim: int | None) -> None:
             assert not torch.allclose(logits[:, t + 1 :], base[:, t + 1 :], atol=1e-3)
 
 
-@pytest.mark.parametrize("head_dim", [None, 2])
-@pytest.mark.parametrize("stack", STACKS, ids=STACK_IDS)
+@pytest.mark.parametrize(("stack", "head_dim"), with_head_dims(2))
 def test_padding_invariance(stack: dict, head_dim: int | None) -> None:
     model = tiny_model(**stack, head_dim=head_dim)
     src = random_tokens(3, 9, 23, seed=5)
@@ -151,8 +169,7 @@ def test_padding_invariance(stack: dict, head_dim: int | None) -> None:
     torch.testing.assert_close(explicit, alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim", [None, 6])  # 6: attention width 24 > d_model 16
-@pytest.mark.parametrize("stack", STACKS, ids=STACK_IDS)
+@pytest.mark.parametrize(("stack", "head_dim"), with_head_dims(6))  # width 24 > d_model 16
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_cached_decoding_equals_full_pass(
     stack: dict, positional: str, head_dim: int | None

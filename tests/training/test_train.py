@@ -312,7 +312,7 @@ def test_keep_last_keeps_the_newest_step_checkpoints(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "preset", ["torch_default", "seed000", "seed002", "seed003", "seed004", "rnn"]
+    "preset", ["torch_default", "seed000", "seed001", "seed002", "seed003", "seed004", "rnn"]
 )
 def test_every_variant_preset_trains_on_the_toy_corpus(preset, tmp_path):
     """`python train.py model=<preset>` at a small width: 60 updates lower the loss by > 1."""

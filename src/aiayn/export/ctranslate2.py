@@ -32,6 +32,7 @@ from aiayn.data.special import UNK_TOKEN
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.model import Model, ModelConfig, Transformer
+from aiayn.model.attention import SharedHeadProjection
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 METADATA = "aiayn.json"
@@ -53,8 +54,9 @@ def _np(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
-def _linear(spec: Any, layer: torch.nn.Linear) -> None:
-    spec.weight = _np(layer.weight)
+def _linear(spec: Any, layer: torch.nn.Module) -> None:
+    """An nn.Linear, or a `SharedHeadProjection` as its block-diagonal dense weight."""
+    spec.weight = _np(layer.dense() if isinstance(layer, SharedHeadProjection) else layer.weight)
     if layer.bias is not None:
         spec.bias = _np(layer.bias)
 

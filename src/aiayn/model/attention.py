@@ -44,6 +44,39 @@ def attention_probs(
     return scores.softmax(dim=-1).to(q.dtype)
 
 
+class SharedHeadProjection(nn.Module):
+    """``n`` projections, each one ``(Dh, Dh)`` matrix (no bias) shared by the heads and applied
+    to each head's ``Dh`` slice of the input (seed 001's attention): ``(B, T, H*Dh)`` ->
+    ``(B, T, n*H*Dh)``, laid out as a fused ``nn.Linear(D, n*A)`` output (``n``, head, Dh).
+    ``dense()`` is the equivalent block-diagonal ``(n*A, D)`` Linear weight."""
+
+    def __init__(self, num_heads: int, head_dim: int, n: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.weight = nn.Parameter(torch.empty(n, head_dim, head_dim))
+        self.bias = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for matrix in self.weight:
+            nn.init.xavier_uniform_(matrix)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        heads = x.view(B, T, self.num_heads, -1)
+        return torch.einsum("bthe,nfe->btnhf", heads, self.weight).reshape(B, T, -1)
+
+    def dense(self) -> Tensor:
+        return torch.cat([torch.block_diag(*[w] * self.num_heads) for w in self.weight])
+
+
+def _projection(d_model: int, heads: _Heads, n: int, shared: bool) -> nn.Module:
+    """``n`` fused projections ``D -> A``: a Linear, or per-head shared matrices."""
+    if shared:
+        return SharedHeadProjection(heads.num_heads, heads.head_dim, n)
+    return nn.Linear(d_model, n * heads.width)
+
+
 class _Heads(nn.Module):
     """Base of both attention modules: split ``(B, T, n*D)`` into ``n`` tensors
     ``(B, H, T, Dh)``, attend (SDPA, or the explicit path that records), merge.
@@ -84,8 +117,12 @@ class _Heads(nn.Module):
         B, _, T, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
 
-    def _xavier_chunks(self, weight: Tensor) -> None:
+    def _xavier_chunks(self, projection: nn.Module) -> None:
         """Xavier-uniform each ``(A, D)`` block of a fused projection, as separate layers."""
+        if isinstance(projection, SharedHeadProjection):
+            projection.reset_parameters()
+            return
+        weight = projection.weight
         with torch.no_grad():
             for chunk in weight.split(self.width, dim=0):
                 nn.init.xavier_uniform_(chunk)
@@ -96,13 +133,18 @@ class MultiHeadSelfAttention(_Heads):
     keys/values are appended to the cached ones and ``x`` holds only the new positions."""
 
     def __init__(
-        self, d_model: int, num_heads: int, dropout: float = 0.0, head_dim: int | None = None
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        head_dim: int | None = None,
+        shared_heads: bool = False,
     ) -> None:
         super().__init__(d_model, num_heads, dropout, head_dim)
-        self.qkv_proj = nn.Linear(d_model, 3 * self.width)
+        self.qkv_proj = _projection(d_model, self, 3, shared_heads)
 
     def reset_parameters(self) -> None:
-        self._xavier_chunks(self.qkv_proj.weight)
+        self._xavier_chunks(self.qkv_proj)
 
     def forward(
         self,
@@ -124,14 +166,21 @@ class MultiHeadCrossAttention(_Heads):
     come from ``project_memory`` (computed once per source and kept in a ``LayerCache``)."""
 
     def __init__(
-        self, d_model: int, num_heads: int, dropout: float = 0.0, head_dim: int | None = None
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        head_dim: int | None = None,
+        shared_heads: bool = False,
     ) -> None:
         super().__init__(d_model, num_heads, dropout, head_dim)
-        self.q_proj = nn.Linear(d_model, self.width)
-        self.kv_proj = nn.Linear(d_model, 2 * self.width)
+        self.q_proj = _projection(d_model, self, 1, shared_heads)
+        self.kv_proj = _projection(d_model, self, 2, shared_heads)
 
     def reset_parameters(self) -> None:
-        self._xavier_chunks(self.kv_proj.weight)
+        self._xavier_chunks(self.kv_proj)
+        if isinstance(self.q_proj, SharedHeadProjection):
+            self.q_proj.reset_parameters()
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """``memory (B, S, D)`` -> keys, values ``(B, H, S, Dh)``."""

@@ -18,6 +18,8 @@ TRANSFORMER_ONLY = {
     "positional": "sinusoidal",
     "embedding_norm": False,
     "activation_dropout": 0.0,
+    "shared_head_qkv": False,
+    "dropout_after_norm": False,
 }
 
 
@@ -79,6 +81,12 @@ class ModelConfig:
     # factorized embeddings: the output layer projects d_model -> d_embed -> V (true), or is a
     # direct d_model -> V matrix (false; needs share_embeddings='none'; seed 002)
     factorized_output: bool = True
+    # Q, K and V each one (d_k, d_k) matrix without bias, shared by the heads and applied to
+    # each head's d_k slice of the input (seed 001), instead of full (d_model, A) projections
+    shared_head_qkv: bool = False
+    # post-norm sub-layers as LayerNorm(x + Sublayer(x)) then dropout (seed 001), instead of
+    # the paper's dropout on the sub-layer output before the residual sum
+    dropout_after_norm: bool = False
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -136,6 +144,20 @@ class ModelConfig:
                 continue
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must lie in [0, 1), got {value!r}")
+        if (
+            self.shared_head_qkv
+            and (self.head_dim or self.d_model // self.num_heads) * (self.num_heads) != self.d_model
+        ):
+            raise ValueError(
+                "ModelConfig.shared_head_qkv splits d_model into the heads: it needs "
+                f"num_heads * head_dim = d_model (got {self.num_heads} x {self.head_dim} for "
+                f"d_model={self.d_model}); drop head_dim"
+            )
+        if self.dropout_after_norm and self.norm_first:
+            raise ValueError(
+                "ModelConfig.dropout_after_norm applies to post-norm sub-layers: it cannot be "
+                "combined with norm_first=true"
+            )
         if self.arch not in ARCHS:
             raise ValueError(f"ModelConfig.arch={self.arch!r} is unknown; use one of {ARCHS}")
         if self.arch == "rnn":

@@ -1,6 +1,7 @@
 """Position-wise feed-forward network and the encoder/decoder layers.
 
-Post-norm (paper, ``norm_first=False``): ``x = LayerNorm(x + Dropout(Sublayer(x)))``.
+Post-norm (paper, ``norm_first=False``): ``x = LayerNorm(x + Dropout(Sublayer(x)))``, or
+``x = Dropout(LayerNorm(x + Sublayer(x)))`` with ``dropout_after_norm`` (seed 001).
 Pre-norm (``norm_first=True``): ``x = x + Dropout(Sublayer(LayerNorm(x)))``; the stack then
 needs a final LayerNorm (in ``Encoder``/``Decoder``). Shapes: ``x (B, T, D)``,
 ``memory (B, S, D)``; masks as in ``aiayn.model.masks``.
@@ -26,10 +27,13 @@ def residual(
     norm: nn.Module,
     dropout: nn.Module,
     norm_first: bool,
+    dropout_after_norm: bool = False,
 ) -> Tensor:
     """One residual sublayer, pre-norm or post-norm (see the module docstring)."""
     if norm_first:
         return x + dropout(sublayer(norm(x)))
+    if dropout_after_norm:
+        return dropout(norm(x + sublayer(x)))
     return norm(x + dropout(sublayer(x)))
 
 
@@ -57,13 +61,13 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d = config.d_model
         self.self_attn = MultiHeadSelfAttention(
-            d, config.num_heads, config.attention_dropout, config.head_dim
+            d, config.num_heads, config.attention_dropout, config.head_dim, config.shared_head_qkv
         )
         self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
-        self.norm_first = config.norm_first
+        self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """``x (B, S, D)``, ``mask (B|1, 1, 1|S, S)`` -> ``(B, S, D)``."""
@@ -71,8 +75,8 @@ class EncoderLayer(nn.Module):
         def self_attn(y: Tensor) -> Tensor:
             return self.self_attn(y, mask=mask)
 
-        x = residual(x, self_attn, self.norm1, self.dropout, self.norm_first)
-        return residual(x, self.ff, self.norm2, self.dropout, self.norm_first)
+        x = residual(x, self_attn, self.norm1, self.dropout, *self.placement)
+        return residual(x, self.ff, self.norm2, self.dropout, *self.placement)
 
 
 class DecoderLayer(nn.Module):
@@ -81,14 +85,15 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d, h, p = config.d_model, config.num_heads, config.attention_dropout
-        self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim)
-        self.cross_attn = MultiHeadCrossAttention(d, h, p, config.head_dim)
+        shared = config.shared_head_qkv
+        self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim, shared)
+        self.cross_attn = MultiHeadCrossAttention(d, h, p, config.head_dim, shared)
         self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.norm3 = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
-        self.norm_first = config.norm_first
+        self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
     def forward(
         self,
@@ -111,6 +116,6 @@ class DecoderLayer(nn.Module):
         def cross_attn(y: Tensor) -> Tensor:
             return self.cross_attn(y, memory=memory, mask=memory_mask, cache=cache)
 
-        x = residual(x, self_attn, self.norm1, self.dropout, self.norm_first)
-        x = residual(x, cross_attn, self.norm2, self.dropout, self.norm_first)
-        return residual(x, self.ff, self.norm3, self.dropout, self.norm_first)
+        x = residual(x, self_attn, self.norm1, self.dropout, *self.placement)
+        x = residual(x, cross_attn, self.norm2, self.dropout, *self.placement)
+        return residual(x, self.ff, self.norm3, self.dropout, *self.placement)

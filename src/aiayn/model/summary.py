@@ -29,9 +29,10 @@ def _transformer_stacks(config: ModelConfig, S: int, T: int) -> int:
     """Multiply-adds of the encoder and decoder layers for one sentence pair."""
     d, f = config.d_model, config.d_ff
     a = config.num_heads * (config.head_dim or d // config.num_heads)  # attention width
-    encoder = S * (3 * d * a + a * d + 2 * d * f) + 2 * S * S * a
-    decoder = T * (3 * d * a + a * d + 2 * d * f) + 2 * T * T * a  # self-attention, FFN
-    decoder += T * (2 * d * a) + S * (2 * d * a) + 2 * T * S * a  # cross: q + out, k/v, attend
+    p = a // config.num_heads if config.shared_head_qkv else d  # inputs per projected unit
+    encoder = S * (3 * p * a + a * d + 2 * d * f) + 2 * S * S * a
+    decoder = T * (3 * p * a + a * d + 2 * d * f) + 2 * T * T * a  # self-attention, FFN
+    decoder += T * (p * a + a * d) + S * (2 * p * a) + 2 * T * S * a  # cross: q + out, k/v
     return config.num_encoder_layers * encoder + config.num_decoder_layers * decoder
 
 
