@@ -12,10 +12,9 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 @exit_on_error
 def main(cfg: DictConfig) -> float | None:
-    from aiayn.training.run import run
+    from aiayn.training.run import objective, run
 
-    metrics = run(cfg)
-    return metrics.get("best", {}).get("val/bleu")  # the objective for Hydra sweepers
+    return objective(run(cfg), cfg.optimized_metric)  # for Hydra sweepers (optuna)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ T = TypeVar("T")
 
 EVAL_MODES = ("translate", "score")
 TEST_CKPTS = ("best", "last", "averaged", "ema")
+# what a sweeper may optimise: the validation metrics every run logs
+OPTIMIZABLE = ("val/bleu", "val/loss", "val/ppl")
 
 # nested schemas name fields by class; users type them under these keys
 SCHEMA_KEYS = {
@@ -79,6 +81,9 @@ class TrainConfig:
     # which checkpoint the test split scores after training: best (val/bleu), last,
     # averaged (needs callbacks=[...,average]) or ema (needs callbacks=[...,ema])
     test_ckpt: str = "best"
+    # the value `python train.py` returns to Hydra sweepers (hparams_search=optuna): a metric
+    # the run logs, its best validation value when it is the checkpoint monitor, else its last
+    optimized_metric: str = "val/bleu"
     # fine-tune: a new run starting from this checkpoint's weights and tokenizer, with a fresh
     # optimizer, schedule and data position (fairseq --restore-file --reset-optimizer)
     init_from: Optional[str] = None  # noqa: UP045
@@ -104,6 +109,11 @@ class TrainConfig:
             )
         if self.num_samples < 0:
             raise ConfigError(f"num_samples must be >= 0, got {self.num_samples}")
+        if self.optimized_metric not in OPTIMIZABLE:
+            raise ConfigError(
+                f"optimized_metric={self.optimized_metric!r} is not a metric the run logs; use "
+                f"one of {OPTIMIZABLE}"
+            )
         if self.test_ckpt not in TEST_CKPTS:
             raise ConfigError(f"test_ckpt must be one of {TEST_CKPTS}, got {self.test_ckpt!r}")
         for name, key in (("averaged", "average"), ("ema", "ema")):

@@ -9,7 +9,7 @@ from aiayn.errors import ConfigError
 from tests.helpers import CONFIG_ERRORS, compose_train
 
 GROUPS = ["data", "model", "optim", "decode", "trainer", "logger", "callbacks", "experiment"]
-GROUPS += ["ablation"]
+GROUPS += ["ablation", "hparams_search"]
 
 
 def _options(group: str) -> list[str]:

@@ -353,6 +353,14 @@ def _last_checkpoint(trainer: L.Trainer) -> str | None:
     return str(last.path) if last and last.path.is_file() else None
 
 
+def objective(metrics: dict[str, Any], name: str) -> float | None:
+    """The value a Hydra sweeper optimises: metric `name`'s best validation value when it is
+    the checkpoint monitor, else its last logged value; None when it was never logged."""
+    best = metrics.get("best", {})
+    value = best[name] if name in best else metrics.get("fit", {}).get(name)
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
     callback = _best_callback(trainer)
     return (callback.best_model_path or None) if callback else None
