@@ -439,7 +439,9 @@ def register() -> None:
     for name, schema in SCHEMAS.items():
         store.store(name=name, node=schema)
     OmegaConf.register_new_resolver("aiayn_run_dir", resume_run_dir, replace=True)
-    OmegaConf.register_new_resolver("aiayn_new_dir", new_run_dir, replace=True)
+    # cached in the config, so that a job process that resolves its sweep directory again
+    # (submitit pickles each job's config) gets the one the launcher claimed
+    OmegaConf.register_new_resolver("aiayn_new_dir", new_run_dir, replace=True, use_cache=True)
     OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
 

@@ -4,6 +4,7 @@ preset composed against the trainer it launches."""
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -29,6 +30,16 @@ def _jobs(tmp_path):
 
 @pytest.mark.slow
 def test_submitit_local_runs_each_job_in_its_own_directory_and_w_and_b_run(tmp_path):
+    """Two jobs through submitit's local executor; the multirun directory its timestamp names
+    is already taken (another multirun started that second), so it claims `<timestamp>_1`,
+    and both job processes write there."""
+    multiruns = tmp_path / "logs" / "train" / "multiruns"
+    now = datetime.datetime.now()
+    taken = [
+        (now + datetime.timedelta(seconds=s)).strftime("%Y-%m-%d_%H-%M-%S") for s in range(300)
+    ]
+    for name in taken:
+        (multiruns / name).mkdir(parents=True)
     result = cli(
         [
             "-m",
@@ -44,7 +55,9 @@ def test_submitit_local_runs_each_job_in_its_own_directory_and_w_and_b_run(tmp_p
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    sweep_dir, jobs = _jobs(tmp_path)
+    (sweep_dir,) = [p for p in multiruns.iterdir() if any(p.iterdir())]
+    assert sweep_dir.name.endswith("_1") and sweep_dir.name[:-2] in taken
+    jobs = sorted(p for p in sweep_dir.iterdir() if (p / "metrics.json").is_file())
     assert [j.name for j in jobs] == ["0", "1"]
     seeds = [yaml.safe_load((j / ".hydra" / "overrides.yaml").read_text()) for j in jobs]
     assert [[o for o in s if o.startswith("seed=")] for s in seeds] == [["seed=1"], ["seed=2"]]
