@@ -22,6 +22,8 @@ from tests.helpers import (
 
 SHORT = ["data.toy_train_size=2000", "data.toy_val_size=100", "data.toy_test_size=100"]
 
+VARIANT_PRESETS = ["torch_default", "seed000", "seed001", "seed002", "seed003", "seed004", "rnn"]
+
 
 def test_label_smoothed_loss_matches_torch_and_ignores_padding():
     torch.manual_seed(0)
@@ -311,9 +313,7 @@ def test_keep_last_keeps_the_newest_step_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "preset", ["torch_default", "seed000", "seed001", "seed002", "seed003", "seed004", "rnn"]
-)
+@pytest.mark.parametrize("preset", VARIANT_PRESETS)
 def test_every_variant_preset_trains_on_the_toy_corpus(preset, tmp_path):
     """`python train.py model=<preset>` at a small width: 60 updates lower the loss by > 1."""
     from aiayn.training.run import run
@@ -327,3 +327,31 @@ def test_every_variant_preset_trains_on_the_toy_corpus(preset, tmp_path):
     run(compose_train([*overrides, "data.max_tokens=512"], output_dir=tmp_path))
     losses = csv_metrics(tmp_path)["train/loss"]
     assert losses[-1] < losses[0] - 1.0, losses
+
+
+@pytest.fixture(scope="module")
+def multi30k_cache(tmp_path_factory):
+    """One prepared Multi30k cache (a 2k joint BPE) for every preset below."""
+    return tmp_path_factory.mktemp("multi30k_cache")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", VARIANT_PRESETS)
+def test_every_variant_preset_trains_on_multi30k(preset, tmp_path, multi30k_root, multi30k_cache):
+    """`python train.py data=multi30k model=<preset>` at a small width: the real corpus and
+    tokenizer, 60 updates lower the loss by > 0.5, and a validation decodes."""
+    from aiayn.training.run import run
+
+    small = ["model.d_model=64", "model.num_heads=4", "model.d_ff=128"]
+    small += ["model.num_encoder_layers=2", "model.num_decoder_layers=2", "test=false"]
+    if preset == "seed002":
+        small.append("model.d_embed=32")
+    data = ["data=multi30k", f"data.root={multi30k_root}", f"data.cache_dir={multi30k_cache}"]
+    data += ["data.tokenizer.vocab_size=2000", "data.max_tokens=1024"]
+    fast = [o for o in fast_overrides(tmp_path) if not o.startswith(("model=", "data."))]
+    overrides = [*fast, *data, f"model={preset}", *small, *SIXTY_STEPS]
+    overrides += ["trainer.limit_val_batches=2", "+val_decode.max_len_b=5"]
+    metrics = run(compose_train(overrides, output_dir=tmp_path))
+    losses = csv_metrics(tmp_path)["train/loss"]  # from ~ln(2000) = 7.6
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert metrics["fit"]["val/loss"] < losses[0]
