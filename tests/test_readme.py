@@ -88,6 +88,8 @@ def test_readme_command_composes_and_validates(entry, args, tmp_path):
     register()
     for overrides in runs(args):
         GlobalHydra.instance().clear()
+        # the command as written; the run directories it claims while resolving go to tmp_path
+        overrides = [*overrides, f"paths.log_dir={tmp_path / 'logs'}"]
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose(name, overrides=overrides, return_hydra_config=True)
         if "-m" in args:  # Hydra resolves the sweep directory before it sets its runtime
