@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from tests.helpers import cli, cli_overrides, csv_metrics, read_wandb_records, run_dirs
+from tests.helpers import REPO, cli, cli_overrides, csv_metrics, read_wandb_records, run_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -246,3 +246,50 @@ def test_multirun_six_jobs_and_the_sweep_summary(tmp_path):
     for row in csv_rows[1:]:  # parameters, val/bleu, val/ppl, best val/bleu, tokens/s filled
         assert all(row.split(",")[i] for i in range(2, 7)), row
     assert (sweep_dir / "sweep.png").stat().st_size > 1000
+
+
+def test_sweep_table3_launches_every_row_and_the_report_covers_them(tmp_path):
+    """`train.py -m sweep=table3` (every named grid's rows are among its 24 jobs) at two
+    updates a job on the tiny model: every ablation composes, builds and trains, and the
+    `--paper table3` report has a row for each, the paper's numbers beside those it has."""
+    import yaml
+
+    from aiayn.cli.table3 import PAPER
+
+    grid = yaml.safe_load((REPO / "conf" / "sweep" / "table3.yaml").read_text())
+    rows = grid["hydra"]["sweeper"]["params"]["ablation"].split(",")
+    result = cli(
+        [
+            "-m",
+            "sweep=table3",
+            *cli_overrides(tmp_path),
+            "data.toy_train_size=300",
+            "data.toy_val_size=8",
+            "data.toy_test_size=8",
+            "trainer.max_steps=2",
+            "trainer.max_epochs=-1",
+            "trainer.val_check_interval=2",
+            "trainer.check_val_every_n_epoch=null",
+            "decode.max_len_b=3",
+            "test=false",
+        ],
+        tmp_path,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    jobs = sorted(
+        (p for p in sweep_dir.iterdir() if (p / "metrics.json").is_file()),
+        key=lambda p: int(p.name),
+    )
+    assert len(jobs) == len(rows) == 24
+    report = cli([str(sweep_dir), "--paper", "table3"], tmp_path, module="aiayn.sweeps")
+    assert report.returncode == 0, report.stderr[-3000:]
+    table = [
+        line for line in (sweep_dir / "table3.md").read_text().splitlines() if line.startswith("| ")
+    ]
+    reported = {line.split(" | ")[0].removeprefix("| ") for line in table[1:]}
+    assert reported == set(rows)
+    for line in table[1:]:
+        row, paper_ppl = line.split(" | ")[0].removeprefix("| "), line.split(" | ")[7]
+        assert bool(paper_ppl.strip()) == (row in PAPER), line

@@ -39,8 +39,6 @@ class ModelConfig:
     TRANSFORMER_ONLY must keep their defaults.
     """
 
-    arch: str = "transformer"
-
     src_vocab_size: int = 37000
     tgt_vocab_size: int = 37000
     d_model: int = 512
@@ -81,15 +79,18 @@ class ModelConfig:
     # factorized embeddings: the output layer projects d_model -> d_embed -> V (true), or is a
     # direct d_model -> V matrix (false; needs share_embeddings='none'; seed 002)
     factorized_output: bool = True
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    # fields added later come last, so that positional construction keeps its meaning
+    # 'transformer' or 'rnn' (the LSTM baseline, see the class docstring)
+    arch: str = "transformer"
     # Q, K and V each one (d_k, d_k) matrix without bias, shared by the heads and applied to
     # each head's d_k slice of the input (seed 001), instead of full (d_model, A) projections
     shared_head_qkv: bool = False
     # post-norm sub-layers as LayerNorm(x + Sublayer(x)) then dropout (seed 001), instead of
     # the paper's dropout on the sub-layer output before the residual sum
     dropout_after_norm: bool = False
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
 
     def __post_init__(self) -> None:
         self.validate()
