@@ -2,6 +2,7 @@
 summary, W&B offline runs. Run with `python -m pytest -m slow`."""
 
 import json
+import os
 import signal
 
 import pytest
@@ -134,30 +135,42 @@ def test_resume_with_a_different_model_is_refused_before_any_work(tmp_path):
     assert len(record) == 4  # config, hydra, overrides, tokenizer
 
 
+# 1600 pairs make an even number of batches, so the sampler splits none for 2 ranks and a
+# 2-rank run cuts the very same batch list as one process accumulating 2 batches
+DDP_COMMON = [
+    "data.toy_train_size=1600",
+    "data.toy_val_size=60",
+    "data.toy_test_size=60",
+    "trainer.max_steps=12",
+    "trainer.max_epochs=-1",
+    "trainer.check_val_every_n_epoch=null",
+    "optim.warmup_steps=50",
+    "model.dropout=0.0",
+    "data.max_tokens=512",
+    "trainer.accelerator=cpu",
+    "test=false",
+    "val_bleu=false",
+    "callbacks.model_checkpoint.monitor=val/loss",
+    "callbacks.model_checkpoint.mode=min",
+]
+# val_check_interval counts batches: 12 batches of one process = 6 updates of two
+ONE_PROCESS = ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=12"]
+
+
+def _assert_close_weights(one, two) -> None:
+    """Equal up to float summation order, which Adam's early sign-like steps amplify on
+    near-zero gradients: the weights compared as a whole, not element by element."""
+    wa, wb = _weights(one), _weights(two)
+    diff = torch.cat([(wa[k] - wb[k]).flatten() for k in wa]).norm()
+    assert diff / torch.cat([wa[k].flatten() for k in wa]).norm() < 1e-2
+
+
 def test_ddp_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path):
     """gloo DDP on 2 processes vs 1 process accumulating 2 batches: rank r takes batches
     r, r+2, ... so both see the same global batch per update; weights and val/loss agree."""
-    # 1600 pairs make an even number of batches, so the sampler splits none for 2 ranks and
-    # both runs cut the very same batch list (checked below)
-    data = ["data.toy_train_size=1600", "data.toy_val_size=60", "data.toy_test_size=60"]
-    common = [
-        *data,
-        "trainer.max_steps=12",
-        "trainer.max_epochs=-1",
-        "trainer.check_val_every_n_epoch=null",
-        "optim.warmup_steps=50",
-        "model.dropout=0.0",
-        "data.max_tokens=512",
-        "trainer.accelerator=cpu",
-        "test=false",
-        "val_bleu=false",
-        "callbacks.model_checkpoint.monitor=val/loss",
-        "callbacks.model_checkpoint.mode=min",
-    ]
+    common = DDP_COMMON
     one = tmp_path / "one"
-    # val_check_interval counts batches: 12 batches of one process = 6 updates of two
-    one_args = ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=12"]
-    result = cli([*cli_overrides(one), *common, *one_args], one)
+    result = cli([*cli_overrides(one), *common, *ONE_PROCESS], one)
     assert result.returncode == 0, result.stderr[-3000:]
     two = tmp_path / "two"
     two_args = ["trainer.devices=2", "trainer.strategy=ddp", "trainer.val_check_interval=6"]
@@ -168,12 +181,9 @@ def test_ddp_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_
     (run_one,) = run_dirs(one)
     (run_two,) = run_dirs(two)
     _assert_same_batches_for_one_and_two_ranks(one / "cache")
-    wa = _weights(run_one / "checkpoints" / "last.ckpt")
-    wb = _weights(run_two / "checkpoints" / "last.ckpt")
-    # equal up to float summation order, which Adam's early sign-like steps amplify on
-    # near-zero gradients: compare the weights as a whole, not element by element
-    diff = torch.cat([(wa[k] - wb[k]).flatten() for k in wa]).norm()
-    assert diff / torch.cat([wa[k].flatten() for k in wa]).norm() < 1e-2
+    _assert_close_weights(
+        run_one / "checkpoints" / "last.ckpt", run_two / "checkpoints" / "last.ckpt"
+    )
 
     la, lb = csv_metrics(run_one)["val/loss"], csv_metrics(run_two)["val/loss"]
     assert len(la) == len(lb) == 2
@@ -293,3 +303,70 @@ def test_sweep_table3_launches_every_row_and_the_report_covers_them(tmp_path):
     for line in table[1:]:
         row, paper_ppl = line.split(" | ")[0].removeprefix("| "), line.split(" | ")[7]
         assert bool(paper_ppl.strip()) == (row in PAPER), line
+
+
+def test_torchrun_two_nodes_on_localhost_match_one_process(tmp_path):
+    """`torchrun --nnodes 2 --node-rank {0,1} --master-addr 127.0.0.1` (one gloo process per
+    "node") through train.py unchanged: the data prepared once beforehand
+    (`python -m aiayn.data.prepare`), one run directory for both ranks (`hydra.run.dir`), and
+    the weights equal to one process accumulating the same global batch."""
+    import socket
+    import subprocess
+    import sys
+
+    one = tmp_path / "one"
+    result = cli([*cli_overrides(one), *DDP_COMMON, *ONE_PROCESS], one)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = tmp_path / "two"
+    data = [o for o in DDP_COMMON if o.startswith("data.")] + [f"data.cache_dir={two / 'cache'}"]
+    prepared = cli([*data, f"paths.log_dir={two / 'logs'}"], two, module="aiayn.data.prepare")
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    run_dir = two / "run"
+    args = [*cli_overrides(two), *DDP_COMMON, f"hydra.run.dir={run_dir}"]
+    args += ["trainer.num_nodes=2", "trainer.devices=1", "trainer.strategy=ddp"]
+    args += ["trainer.val_check_interval=6"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "train.py",
+                *args,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=900)[0] for node in nodes]
+    for node, output in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, output[-3000:]
+    for rank, output in enumerate(outputs):  # one rank per torchrun "node", none spawned
+        assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output, output[-3000:]
+    (run_one,) = run_dirs(one)
+    _assert_close_weights(
+        run_one / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt"
+    )
+    la, lb = csv_metrics(run_one)["val/loss"], csv_metrics(run_dir)["val/loss"]
+    assert la == pytest.approx(lb, rel=2e-3)
+    assert not (two / "logs" / "train" / "runs").exists() or not any(
+        (two / "logs" / "train" / "runs").iterdir()
+    )
