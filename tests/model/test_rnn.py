@@ -273,8 +273,13 @@ def test_greedy_beam_sampling_and_ensembles_decode_the_lstm() -> None:
         assert hyps[0].score == pytest.approx(float(expected), abs=1e-4)
     torch.manual_seed(1)
     transformer = build_model(tiny_config()).eval()
-    mixed = generate(Ensemble([model, transformer]), src, DecodeConfig(max_len_b=6))
-    assert len(mixed) == 3 and all(len(h) == 1 for h in mixed)
+    mixed = Ensemble([model, transformer])  # its next-token distribution: the members' mean
+    bos = torch.full((3, 1), cfg.bos_id)
+    with torch.no_grad():
+        cache = mixed.init_cache(mixed.encode(src, src != PAD), src != PAD)
+        step = mixed.decode_step(bos, cache)[:, -1]
+        probs = [m(src, bos)[:, -1].float().softmax(-1) for m in (model, transformer)]
+    torch.testing.assert_close(step, torch.stack(probs).mean(0).log(), atol=1e-5, rtol=1e-5)
     alone = generate(Ensemble([model]), src, DecodeConfig(max_len_b=6))
     assert [h[0].tokens for h in alone] == [h[0].tokens for h in greedy]
 

@@ -327,7 +327,7 @@ def test_seed001_bug_v_uses_q_s_matrix_and_aiayn_does_not():
         assert (ref(x, x, x) - layer(x)).abs().max().item() <= 1e-5  # only if V copies Q
 
 
-def test_seed001_preset_trains_its_intent():
+def test_seed001_preset_sets_its_intent():
     config = preset("seed001")
     assert config.shared_head_qkv and config.dropout_after_norm and not config.norm_first
     assert (config.dropout, config.embedding_dropout) == (0.2, 0.0)

@@ -120,8 +120,7 @@ class _Heads(nn.Module):
     def _xavier_chunks(self, projection: nn.Module) -> None:
         """Xavier-uniform each ``(A, D)`` block of a fused projection, as separate layers."""
         if isinstance(projection, SharedHeadProjection):
-            projection.reset_parameters()
-            return
+            return  # its own reset_parameters (in the model's list of self-initialising modules)
         weight = projection.weight
         with torch.no_grad():
             for chunk in weight.split(self.width, dim=0):
@@ -179,8 +178,6 @@ class MultiHeadCrossAttention(_Heads):
 
     def reset_parameters(self) -> None:
         self._xavier_chunks(self.kv_proj)
-        if isinstance(self.q_proj, SharedHeadProjection):
-            self.q_proj.reset_parameters()
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """``memory (B, S, D)`` -> keys, values ``(B, H, S, Dh)``."""

@@ -148,7 +148,10 @@ class AttentionLSTM(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """``src (B, S)``, ``src_mask (B, S)`` (True = real) -> ``memory (B, S, D)``; padded
         positions of the memory are zero."""
-        mask = self._key_mask(src, src_mask)
+        return self._encode(src, self._key_mask(src, src_mask))
+
+    def _encode(self, src: Tensor, mask: Tensor | None) -> Tensor:
+        """``encode`` with the mask already checked (``_key_mask``)."""
         x = self.embed_dropout(self.src_embed(src))
         if mask is None:
             return self.encoder(x)[0]
@@ -162,7 +165,10 @@ class AttentionLSTM(nn.Module):
     def init_cache(self, memory: Tensor, src_mask: Tensor | None) -> RNNCache:
         """The decoder's initial state for ``memory (B, S, D)`` with source mask ``src_mask
         (B, S)`` (required, as in ``Transformer.init_cache``; None = no source padding)."""
-        mask = self._key_mask(None, src_mask)
+        return self._init_cache(memory, self._key_mask(None, src_mask))
+
+    def _init_cache(self, memory: Tensor, mask: Tensor | None) -> RNNCache:
+        """``init_cache`` with the mask already checked (``_key_mask``)."""
         if mask is None:
             mean = memory.mean(dim=1)
         else:
@@ -221,8 +227,8 @@ class AttentionLSTM(nn.Module):
     ) -> Tensor:
         """``src (B, S)``, ``tgt_in (B, T)`` -> ``logits (B, T, V)`` (masks as in
         ``Transformer.forward``)."""
-        mask = self._key_mask(src, src_mask)
-        return self.decode(tgt_in, self.encode(src, mask), mask, tgt_mask)
+        mask = self._key_mask(src, src_mask)  # checked once per batch
+        return self.decode_step(tgt_in, self._init_cache(self._encode(src, mask), mask))
 
     def attention_maps(
         self,
@@ -234,6 +240,6 @@ class AttentionLSTM(nn.Module):
         """As ``Transformer.attention_maps``: the one attention is ``decoder_cross``, one layer
         of one head ``(B, 1, T, S)``; an LSTM has no self-attention (empty lists)."""
         mask = self._key_mask(src, src_mask)
-        cache = self.init_cache(self.encode(src, mask), mask)
+        cache = self._init_cache(self._encode(src, mask), mask)
         attention = self._step(tgt_in, cache)[1]
         return {"encoder_self": [], "decoder_self": [], "decoder_cross": [attention[:, None]]}

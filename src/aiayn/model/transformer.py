@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from aiayn.model.attention import (
     MultiHeadCrossAttention,
     MultiHeadSelfAttention,
+    SharedHeadProjection,
     capture_attention,
 )
 from aiayn.model.cache import KVCache, LayerCache
@@ -129,6 +130,7 @@ class Transformer(nn.Module):
         custom = (
             MultiHeadSelfAttention,
             MultiHeadCrossAttention,
+            SharedHeadProjection,
             TokenEmbedding,
             LearnedPositionalEmbedding,
         )
