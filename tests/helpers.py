@@ -90,7 +90,9 @@ def cli_overrides(tmp_path: Path) -> list[str]:
 
 
 def run_dirs(tmp_path: Path) -> list[Path]:
-    return sorted((tmp_path / "logs" / "train" / "runs").iterdir())
+    """The run directories (not srun's hidden `.slurm-<job>` pointers to them)."""
+    runs = (tmp_path / "logs" / "train" / "runs").iterdir()
+    return sorted(p for p in runs if not p.name.startswith("."))
 
 
 def csv_metrics(run_dir: Path) -> dict[str, list[float]]:

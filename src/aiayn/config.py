@@ -13,8 +13,8 @@ lives next to the code it configures (`ModelConfig` in model/, `DataConfig` in d
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.special import BOS, EOS, PAD
 from aiayn.errors import ConfigError
+from aiayn.launchers import external_launch
 from aiayn.model.config import ModelConfig
 from aiayn.model.generate import DecodeConfig
 from aiayn.training.schedules import OptimConfig
@@ -364,19 +365,25 @@ def new_run_dir(path: str) -> str:
     """`path`, else `path_1`, `path_2`, ...: the first of them this process creates. mkdir
     is atomic, so two runs started in the same second (their timestamps equal) get two
     directories instead of sharing one; within a process the same `path` gives the same
-    answer (Hydra may resolve its run directory more than once)."""
+    answer (Hydra may resolve its run directory more than once). The ranks of a `torchrun` or
+    `srun` launch all get the one rank 0 claims (`aiayn.launchers`)."""
     if path not in _CLAIMED:
-        base = Path(path)
-        base.parent.mkdir(parents=True, exist_ok=True)
-        for attempt in itertools.count():
-            candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
-            try:
-                candidate.mkdir()
-            except FileExistsError:
-                continue
-            _CLAIMED[path] = str(candidate)
-            break
+        launch = external_launch()
+        claim = functools.partial(_claim_dir, Path(path))
+        _CLAIMED[path] = launch.share_run_dir(claim, Path(path).parent) if launch else claim()
     return _CLAIMED[path]
+
+
+def _claim_dir(base: Path) -> str:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    candidate, attempt = base, 0
+    while True:
+        try:
+            candidate.mkdir()
+            return str(candidate)
+        except FileExistsError:
+            attempt += 1
+            candidate = base.with_name(f"{base.name}_{attempt}")
 
 
 def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> None:
@@ -396,10 +403,14 @@ def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> No
 _RESUME_SUBDIRS: dict[str, str] = {}
 
 
-def resume_output_subdir(ckpt_path: str | None, train: bool = True) -> str:
+def resume_output_subdir(ckpt_path: str | None, train: bool = True) -> str | None:
     """Hydra's `output_subdir` (where it saves config.yaml and overrides.yaml): `.hydra`, or
     for a resumed run `.hydra/resume-<time>`, so that resuming never rewrites the original
-    run's record (the files its README commands reuse). One name per process."""
+    run's record (the files its README commands reuse). One name per process. None (no
+    record) on the other ranks of a `torchrun`/`srun` launch: rank 0 writes the run's."""
+    launch = external_launch()
+    if launch is not None and launch.rank != 0:
+        return None
     if not (ckpt_path and train) or resume_run_dir(ckpt_path, "", train) == "":
         return ".hydra"
     if ckpt_path not in _RESUME_SUBDIRS:
@@ -412,7 +423,12 @@ def accumulate_for(
     tokens_per_update: int, max_tokens: int, devices: Any, num_nodes: int = 1
 ) -> int:
     """Gradient-accumulation steps so that max_tokens x devices x num_nodes x accumulation is
-    about `tokens_per_update` (the paper: ~25 000 per side), whatever the device count.
+    about `tokens_per_update` (the paper: ~25 000 per side), whatever the device count."""
+    return max(1, round(tokens_per_update / (max_tokens * process_count(devices, num_nodes))))
+
+
+def process_count(devices: Any, num_nodes: int = 1) -> int:
+    """The training processes (world size) of `trainer.devices` x `trainer.num_nodes`.
 
     `devices` is Lightning's `trainer.devices`: a count, a list of device ids, or 'auto'/-1
     (all visible GPUs, or one process on CPU)."""
@@ -426,13 +442,12 @@ def accumulate_for(
         import torch
 
         count = max(torch.cuda.device_count(), 1)
-    return max(1, round(tokens_per_update / (max_tokens * count * num_nodes)))
+    return count * num_nodes
 
 
 def register() -> None:
-    """Store the command schemas in Hydra's ConfigStore and register the `aiayn_run_dir` and
-    `aiayn_accumulate` resolvers; every entry point (and test composing configs) calls this
-    first."""
+    """Store the command schemas in Hydra's ConfigStore and register the `aiayn_*` resolvers;
+    every entry point (and test composing configs) calls this first."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -444,6 +459,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("aiayn_new_dir", new_run_dir, replace=True, use_cache=True)
     OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
+    OmegaConf.register_new_resolver("aiayn_processes", process_count, replace=True)
 
 
 def plain(obj: Any) -> Any:

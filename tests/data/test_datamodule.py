@@ -66,6 +66,8 @@ def test_batches_references_and_sources(tmp_path: Path) -> None:
                 .logical_or(batch.tgt_out[:, :-1] == EOS)
                 .all()
             )
+            if split == "train":  # the cache keeps train ids, not text
+                continue
             refs = [dm.references(split)[i] for i in batch.ids.tolist()]
             assert dm.tokenizers.decode(batch.tgt_out.tolist(), "tgt") == refs
             srcs = [dm.sources(split)[i] for i in batch.ids.tolist()]
@@ -73,6 +75,8 @@ def test_batches_references_and_sources(tmp_path: Path) -> None:
             if split == "val":
                 seen.extend(batch.ids.tolist())
     assert sorted(seen) == list(range(40))
+    with pytest.raises(DataError, match="keeps the train split's token ids, not its text"):
+        dm.references("train")
     src, lengths = collate_sources(dm.tokenizers.encode(dm.sources("val")[:3], "src"))
     first = next(iter(dm.val_dataloader()))
     assert src.shape[0] == 3 and (src[torch.arange(3), lengths - 1] == EOS).all()
@@ -123,7 +127,9 @@ def test_lightning_epochs_and_resume_position(tmp_path: Path) -> None:
     first, second = module.ids
     assert first != second
     assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
-    assert module.state == {"train_sampler": {"epoch": 1, "position": 3}}
+    assert module.state == {
+        "train_sampler": {"epoch": 1, "position": 3, "world_size": 1, "batches": 13}
+    }
     resumed = toy_module(tmp_path)
     resumed.prepare_data()
     resumed.load_state_dict(module.state)

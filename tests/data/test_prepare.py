@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,8 @@ MakeCfg = Callable[..., DataConfig]
 
 
 def cache_entries(cfg: DataConfig) -> list[str]:
-    return sorted(path.name for path in Path(cfg.cache_dir).iterdir())
+    """What the cache directory holds, besides the lock files that let one process prepare."""
+    return sorted(p.name for p in Path(cfg.cache_dir).iterdir() if p.name != ".locks")
 
 
 def test_second_run_reuses_cache(files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,6 +108,9 @@ def test_interrupted_prepare_leaves_no_trusted_cache(
 def test_racing_prepares_end_with_one_cache(
     files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Where the lock file does not hold (some network filesystems), two processes preparing
+    at once still end with one complete cache: the second rename loses and uses the first."""
+    monkeypatch.setattr(prepare_module, "_only_one_preparing", lambda path: nullcontext())
     original = prepare_module._build
     cfg = files_cfg()
 
@@ -118,6 +123,37 @@ def test_racing_prepares_end_with_one_cache(
     path = prepare(cfg)
     assert cache_entries(cfg) == [path.name]
     assert load_manifest(path) is not None
+
+
+PREPARE_AND_SAY_WHETHER_BUILT = """
+import sys
+from aiayn.data import prepare as module
+from aiayn.data.config import DataConfig, TokenizerConfig
+
+built = []
+original = module._build
+module._build = lambda cfg, out: built.append(1) or original(cfg, out)
+config = DataConfig(
+    source="toy", cache_dir=sys.argv[1], tokenizer=TokenizerConfig(vocab_size=300)
+)
+path = module.prepare(config)
+print("built" if built else "read", path)
+"""
+
+
+def test_processes_started_together_prepare_once(tmp_path: Path) -> None:
+    """Three processes (the ranks of a torchrun or srun launch) prepare one corpus at once:
+    one builds the cache, the others wait for it and read it."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    command = [sys.executable, "-c", PREPARE_AND_SAY_WHETHER_BUILT, str(tmp_path)]
+    processes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    said = sorted(process.communicate(timeout=300)[0].split() for process in processes)
+    assert all(process.returncode == 0 for process in processes)
+    assert [word for word, _ in said] == ["built", "read", "read"]
+    assert len({path for _, path in said}) == 1
+    assert load_manifest(Path(said[0][1])) is not None
 
 
 def test_tsv_and_jsonl_sources(files_cfg: MakeCfg, corpus_dir: Path) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from aiayn.data.sampler import TokenBatchSampler
+from aiayn.errors import DataError
 
 RNG = np.random.default_rng(0)
 SRC = RNG.integers(1, 60, size=2000)
@@ -69,7 +70,7 @@ def test_resume_yields_exactly_the_rest(world_size: int) -> None:
     interrupted.set_epoch(2)
     assert list(islice(iter(interrupted), 5)) == uninterrupted[:5]
     state = interrupted.state_dict()
-    assert state == {"epoch": 2, "position": 5}
+    assert state == {"epoch": 2, "position": 5, "world_size": world_size, "batches": len(run)}
     resumed = make(rank=world_size - 1, world_size=world_size)
     resumed.load_state_dict(state)
     resumed.set_epoch(2)  # what Lightning does at the start of the (same) epoch
@@ -77,6 +78,20 @@ def test_resume_yields_exactly_the_rest(world_size: int) -> None:
     resumed.set_epoch(3)
     run.set_epoch(3)
     assert list(resumed) == list(run)  # the next epoch starts from the beginning
+
+
+def test_a_position_mid_epoch_is_refused_under_another_world_size() -> None:
+    """Rank r's position p means the first p x world_size batches of the epoch: under another
+    world size the shards differ, so resuming mid-epoch is refused; at an epoch end (and from
+    a state saved before the world size was) there is nothing to misplace."""
+    stopped = make(rank=0, world_size=2)
+    next(iter(stopped))
+    state = stopped.state_dict()
+    with pytest.raises(DataError, match="with 2 processes; its data position cannot continue"):
+        make().load_state_dict(state)
+    make(rank=1, world_size=2).load_state_dict(state)  # the same world size
+    for finished in ({**state, "position": state["batches"]}, {"epoch": 0, "position": 1}):
+        make(rank=2, world_size=3).load_state_dict(finished)
 
 
 def test_rank_must_be_in_world() -> None:

@@ -3,6 +3,7 @@ summary, W&B offline runs. Run with `python -m pytest -m slow`."""
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -305,68 +306,138 @@ def test_sweep_table3_launches_every_row_and_the_report_covers_them(tmp_path):
         assert bool(paper_ppl.strip()) == (row in PAPER), line
 
 
-def test_torchrun_two_nodes_on_localhost_match_one_process(tmp_path):
-    """`torchrun --nnodes 2 --node-rank {0,1} --master-addr 127.0.0.1` (one gloo process per
-    "node") through train.py unchanged: the data prepared once beforehand
-    (`python -m aiayn.data.prepare`), one run directory for both ranks (`hydra.run.dir`), and
-    the weights equal to one process accumulating the same global batch."""
+def _free_port() -> int:
     import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+def _two_processes(launcher: str, args: list[str], job: int = 1) -> list[str]:
+    """train.py as two processes started the way a cluster starts them: `torchrun --nnodes 2
+    --node-rank r` (one agent per "node" on localhost), or as `srun --ntasks-per-node 2`
+    would (SLURM's variables set by hand: there is no SLURM here). Returns each process's
+    output, after asserting that it exited 0 as its rank."""
     import subprocess
     import sys
 
-    one = tmp_path / "one"
-    result = cli([*cli_overrides(one), *DDP_COMMON, *ONE_PROCESS], one)
-    assert result.returncode == 0, result.stderr[-3000:]
-    two = tmp_path / "two"
-    data = [o for o in DDP_COMMON if o.startswith("data.")] + [f"data.cache_dir={two / 'cache'}"]
-    prepared = cli([*data, f"paths.log_dir={two / 'logs'}"], two, module="aiayn.data.prepare")
-    assert prepared.returncode == 0, prepared.stderr[-3000:]
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    run_dir = two / "run"
-    args = [*cli_overrides(two), *DDP_COMMON, f"hydra.run.dir={run_dir}"]
-    args += ["trainer.num_nodes=2", "trainer.devices=1", "trainer.strategy=ddp"]
-    args += ["trainer.val_check_interval=6"]
+    port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    nodes = [
+    commands, envs = [], []
+    for rank in (0, 1):
+        if launcher == "torchrun":
+            torchrun = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+            torchrun += ["--node-rank", str(rank), "--master-addr", "127.0.0.1"]
+            commands.append([sys.executable, *torchrun, "--master-port", str(port), "train.py"])
+            envs.append(env)
+        else:
+            slurm = {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
+            slurm |= {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0"}
+            slurm |= {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
+            slurm |= {"SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
+            commands.append([sys.executable, "train.py"])
+            envs.append({**env, **slurm})
+    processes = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--node-rank",
-                str(rank),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(port),
-                "train.py",
-                *args,
-            ],
+            [*command, *args],
             cwd=REPO,
-            env=env,
+            env=rank_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for rank in (0, 1)
+        for command, rank_env in zip(commands, envs, strict=True)
     ]
-    outputs = [node.communicate(timeout=900)[0] for node in nodes]
-    for node, output in zip(nodes, outputs, strict=True):
-        assert node.returncode == 0, output[-3000:]
-    for rank, output in enumerate(outputs):  # one rank per torchrun "node", none spawned
+    outputs = [process.communicate(timeout=900)[0] for process in processes]
+    for rank, (process, output) in enumerate(zip(processes, outputs, strict=True)):
+        assert process.returncode == 0, output[-3000:]
         assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output, output[-3000:]
+    return outputs
+
+
+def test_torchrun_two_nodes_on_localhost_match_one_process(tmp_path):
+    """`torchrun --nnodes 2 --node-rank {0,1} --master-addr 127.0.0.1` (one gloo process per
+    "node") through train.py unchanged, nothing prepared beforehand: both ranks write one run
+    directory, one of them prepares the data while the other waits, and the weights equal one
+    process accumulating the same global batch."""
+    one = tmp_path / "one"
+    result = cli([*cli_overrides(one), *DDP_COMMON, *ONE_PROCESS], one)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = tmp_path / "two"
+    args = [*cli_overrides(two), *DDP_COMMON, "trainer.val_check_interval=6"]
+    outputs = _two_processes("torchrun", [*args, "trainer.num_nodes=2", "trainer.devices=1"])
+    (run_dir,) = run_dirs(two)
+    assert sum("prepared data cache" in output for output in outputs) == 1
+    assert len(list(run_dir.glob("**/config.yaml"))) == 1  # rank 0's record only
     (run_one,) = run_dirs(one)
     _assert_close_weights(
         run_one / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt"
     )
     la, lb = csv_metrics(run_one)["val/loss"], csv_metrics(run_dir)["val/loss"]
     assert la == pytest.approx(lb, rel=2e-3)
-    assert not (two / "logs" / "train" / "runs").exists() or not any(
-        (two / "logs" / "train" / "runs").iterdir()
-    )
+
+
+def test_resume_under_another_launcher_is_exact_and_another_world_size_is_refused(tmp_path):
+    """Stopped mid-epoch under torchrun, resumed under srun (the same 2 processes, started
+    otherwise): the weights of a run that never stopped (under srun). Resuming that checkpoint
+    with one process is refused before any work: the data position is per process."""
+    common = [*DDP_COMMON, "trainer.val_check_interval=4", "model.dropout=0.2"]
+    torchrun = ["trainer.num_nodes=2", "trainer.devices=1"]
+    straight = tmp_path / "straight"  # srun claims the run directory for both its ranks
+    _two_processes("srun", [*cli_overrides(straight), *common, "trainer.devices=2"], job=5)
+    stopped = tmp_path / "stopped"
+    args = [*cli_overrides(stopped), *common]
+    _two_processes("torchrun", [*args, *torchrun, "trainer.max_steps=4"])
+    (run,) = run_dirs(stopped)
+    last = run / "checkpoints" / "last.ckpt"
+    state = torch.load(last, weights_only=True)["TranslationDataModule"]["train_sampler"]
+    assert 0 < state["position"] < state["batches"]  # mid-epoch: the position matters
+
+    resume = [f"ckpt_path={last}", "trainer.max_steps=12"]
+    refused = cli([*args, *resume, "trainer.devices=1"], stopped)
+    assert refused.returncode == 1
+    assert "2-process run, and this run starts 1" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert torch.load(last, weights_only=True)["global_step"] == 4  # nothing written
+
+    _two_processes("srun", [*args, *resume, "trainer.devices=2"], job=7)
+    assert run_dirs(stopped) == [run]  # continued in place
+    straight_last = run_dirs(straight)[0] / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 12
+    assert _max_diff(_weights(straight_last), _weights(last)) <= 1e-6
+
+
+def test_fsdp_on_two_cpu_processes_matches_ddp_and_its_checkpoints_load_on_one_device(tmp_path):
+    """`trainer=fsdp` (FSDP2 over gloo, each process holding half of every weight) trains to
+    the weights DDP trains to on the same batches, validates with decoding, and writes whole
+    checkpoints that evaluate.py loads on one device."""
+    common = [*DDP_COMMON, "trainer.val_check_interval=6", "trainer.devices=2"]
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        where = tmp_path / strategy
+        result = cli([*cli_overrides(where), *common, f"trainer={strategy}"], where)
+        assert result.returncode == 0, result.stderr[-3000:]
+        if strategy == "fsdp":
+            held = re.search(
+                r"fsdp: 5 units sharded over 2 processes; this one holds (\S+) of (\S+)",
+                result.stdout,
+            )
+            assert held, result.stdout[-3000:]
+            local, total = (int(n.replace(",", "")) for n in held.groups())
+            assert local < 0.6 * total  # about half of every weight
+        (runs[strategy],) = run_dirs(where)
+    ddp, fsdp = (runs[s] / "checkpoints" / "last.ckpt" for s in ("ddp", "fsdp"))
+    wa, wb = _weights(ddp), _weights(fsdp)
+    assert {k: v.shape for k, v in wa.items()} == {k: v.shape for k, v in wb.items()}
+    _assert_close_weights(ddp, fsdp)
+    la, lb = csv_metrics(runs["ddp"])["val/loss"], csv_metrics(runs["fsdp"])["val/loss"]
+    assert la == pytest.approx(lb, rel=2e-3)
+    # its best checkpoint, scored on one device, has the val loss the sharded run logged for it
+    best = runs["fsdp"] / "checkpoints" / "best.ckpt"
+    out = tmp_path / "eval"
+    args = [f"ckpt_path={best}", "device=cpu", "mode=score", "split=val", f"paths.log_dir={out}"]
+    result = cli(args, out, module="evaluate.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (scored,) = out.glob("**/score.json")
+    assert json.loads(scored.read_text())["nll_per_token"] == pytest.approx(min(lb), rel=1e-3)

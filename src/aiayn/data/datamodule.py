@@ -154,6 +154,11 @@ class TranslationDataModule(L.LightningDataModule):
     def _text(self, split: str, side: str) -> list[str]:
         if split not in ROLES:
             raise ValueError(f"split must be one of {ROLES}, got {split!r}")
+        if split == "train":  # training reads ids; the cache keeps no train text
+            raise DataError(
+                "the data cache keeps the train split's token ids, not its text: use the val "
+                "or test split here (or score train text with evaluate.py split=train)"
+            )
         if split not in self._texts:
             with (self.cache_path / f"{split}.jsonl").open(encoding="utf-8") as file:
                 records = [json.loads(line) for line in file]

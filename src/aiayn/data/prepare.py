@@ -9,6 +9,7 @@ settings (max_tokens, num_workers) are not part of it. Contents, per role train/
     {role}.src.offsets.npy (N + 1,) int64             example i is tokens[off[i]:off[i+1]]
     {role}.tgt.*           the same for the target side
     {role}.jsonl           {"src": ..., "tgt": ...} original text, line i = example id i
+                           (val and test only: BLEU and samples read it, training does not)
     tokenizer.json (joint) or tokenizer.src.json + tokenizer.tgt.json
     manifest.json          settings, counts, filtered counts, timings; written last
 
@@ -16,7 +17,9 @@ Train pairs with an empty side, a side longer than max_len tokens, or a length r
 max_ratio are dropped (counted in the manifest). Val/test keep every pair (BLEU needs all);
 over-long sides are truncated to max_len tokens with a warning. Everything is written into a
 temp dir that is renamed into place only when complete, so an interrupted or failed prepare
-leaves no cache that a later run trusts, and two racing processes both end with one cache.
+leaves no cache that a later run trusts. Processes that start together (the ranks of a
+`torchrun` or `srun` launch, a sweep's jobs) take turns on a lock file (`<cache_dir>/.locks/`): one
+prepares, the others wait and read its cache.
 
 Run alone: `python -m aiayn.data.prepare data=multi30k data.root=...` prints the report.
 """
@@ -31,11 +34,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import hydra
 import numpy as np
+from filelock import FileLock, Timeout
 from omegaconf import DictConfig
 
 from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
@@ -96,6 +102,32 @@ def prepare(cfg: DataConfig) -> Path:
         log.debug("data cache hit: %s", path)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with _only_one_preparing(path):
+        if load_manifest(path) is not None:
+            log.info("data cache %s: prepared by another process while this one waited", path)
+            return path
+        return _build_into(cfg, path)
+
+
+@contextmanager
+def _only_one_preparing(path: Path) -> Iterator[None]:
+    """Hold the cache's lock file: of the processes that start together (DDP ranks under
+    torchrun or srun, jobs of a sweep) one prepares and the others wait, then read its cache."""
+    locks = path.parent / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(locks / f"{path.name}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("data cache %s: another process is preparing it; waiting", path)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _build_into(cfg: DataConfig, path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         manifest = _build(cfg, tmp)
@@ -114,53 +146,75 @@ def prepare(cfg: DataConfig) -> Path:
     return path
 
 
-def _get_tokenizers(cfg: DataConfig, src: list[str], tgt: list[str]) -> Tokenizers:
+Ids = tuple[np.ndarray, np.ndarray]  # (flat token ids (N_tokens,), lengths (N,) int64)
+
+
+def _get_tokenizers(
+    cfg: DataConfig, src: list[str], tgt: list[str], keep: np.ndarray
+) -> Tokenizers:
+    """The given tokenizer, or one trained on the train pairs `keep` marks (streamed to the
+    trainer, not copied)."""
     if cfg.tokenizer.path:
         return Tokenizers.load(cfg.tokenizer.path)
+    count = int(keep.sum())
     if cfg.tokenizer.joint:
-        return Tokenizers(
-            train_tokenizer(itertools.chain(src, tgt), cfg.tokenizer, len(src) + len(tgt))
-        )
+        texts = itertools.chain(itertools.compress(src, keep), itertools.compress(tgt, keep))
+        return Tokenizers(train_tokenizer(texts, cfg.tokenizer, 2 * count))
     return Tokenizers(
-        train_tokenizer(src, cfg.tokenizer, len(src)), train_tokenizer(tgt, cfg.tokenizer, len(tgt))
+        train_tokenizer(itertools.compress(src, keep), cfg.tokenizer, count),
+        train_tokenizer(itertools.compress(tgt, keep), cfg.tokenizer, count),
     )
 
 
 def _encode(
-    tokenizers: Tokenizers, texts: list[str], side: str, advance: Advance
-) -> list[list[int]]:
-    ids: list[list[int]] = []
+    tokenizers: Tokenizers, texts: list[str], side: str, dtype: type, advance: Advance
+) -> Ids:
+    """The ids of every text as one flat array and the lengths, encoded ENCODE_CHUNK texts
+    at a time (in parallel, in Rust): memory is the ids' own size, not Python lists'."""
+    flats, lengths = [np.zeros(0, dtype)], [np.zeros(0, np.int64)]
     for start in range(0, len(texts), ENCODE_CHUNK):
         chunk = texts[start : start + ENCODE_CHUNK]
-        ids.extend(tokenizers.encode(chunk, side))
+        rows = tokenizers.encode(chunk, side)
+        lengths.append(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)))
+        count = int(lengths[-1].sum())
+        flats.append(np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=count))
         advance(len(chunk))
-    return ids
+    return np.concatenate(flats), np.concatenate(lengths)
 
 
-def _filter_train(cfg: DataConfig, texts: tuple, ids: dict[str, list[list[int]]]) -> tuple:
-    """Kept indices and {'empty', 'too_long', 'ratio'} counts of dropped train pairs."""
-    counts = {"empty": 0, "too_long": 0, "ratio": 0}
-    kept = []
-    for i, (s, t) in enumerate(zip(ids["src"], ids["tgt"], strict=True)):
-        short, long = sorted((len(s), len(t)))
-        if not texts[0][i].strip() or not texts[1][i].strip():
-            counts["empty"] += 1
-        elif long > cfg.max_len:
-            counts["too_long"] += 1
-        elif long > cfg.max_ratio * short:
-            counts["ratio"] += 1
-        else:
-            kept.append(i)
-    return kept, counts
+def _nonempty(src: list[str], tgt: list[str]) -> np.ndarray:
+    """(N,) bool: the pairs with text on both sides."""
+    return np.fromiter((bool(s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool)
 
 
-def _write_split(out: Path, role: str, ids: dict[str, list[list[int]]], dtype: type) -> None:
-    for side in SIDES:
-        rows = ids[side]
-        lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+def _filter_train(cfg: DataConfig, nonempty: np.ndarray, src: Ids, tgt: Ids) -> tuple:
+    """(kept (N,) bool, {'empty', 'too_long', 'ratio'} counts of the dropped train pairs)."""
+    short, long = np.minimum(src[1], tgt[1]), np.maximum(src[1], tgt[1])
+    too_long = nonempty & (long > cfg.max_len)
+    ratio = nonempty & ~too_long & (long > cfg.max_ratio * short)
+    kept = nonempty & ~too_long & ~ratio
+    counts = {"empty": int((~nonempty).sum()), "too_long": int(too_long.sum())}
+    return kept, {**counts, "ratio": int(ratio.sum())}
+
+
+def _rows(ids: Ids, rows: np.ndarray) -> Ids:
+    """The rows that the (N,) bool `rows` marks."""
+    flat, lengths = ids
+    return flat[np.repeat(rows, lengths)], lengths[rows]
+
+
+def _truncated(ids: Ids, max_len: int) -> Ids:
+    """Every row cut to its first max_len ids."""
+    flat, lengths = ids
+    starts = np.cumsum(lengths) - lengths
+    position = np.arange(len(flat)) - np.repeat(starts, lengths)
+    return flat[position < max_len], np.minimum(lengths, max_len)
+
+
+def _write_split(out: Path, role: str, ids: dict[str, Ids]) -> None:
+    for side, (flat, lengths) in ids.items():
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=offsets[-1])
         np.save(out / f"{role}.{side}.tokens.npy", flat)
         np.save(out / f"{role}.{side}.offsets.npy", offsets)
 
@@ -198,32 +252,36 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     seconds["read"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    train_src, train_tgt = texts["train"]
-    pairs = [(s, t) for s, t in zip(train_src, train_tgt, strict=True) if s.strip() and t.strip()]
-    if not pairs:
+    nonempty = _nonempty(*texts["train"])
+    if not nonempty.any():
         raise DataError(f"the train split of {cfg.source} has no pair with two non-empty sides")
     advance = bars.stage("train tokenizer" if not cfg.tokenizer.path else "load tokenizer", 1)
-    tokenizers = _get_tokenizers(cfg, [s for s, _ in pairs], [t for _, t in pairs])
+    tokenizers = _get_tokenizers(cfg, *texts["train"], nonempty)
     advance(1)
     seconds["tokenizer"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    vocab = max(tokenizers.src_vocab_size, tokenizers.tgt_vocab_size)
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
     advance = bars.stage("encode", total=sum(2 * len(texts[role][0]) for role in ROLES))
-    encoded = {
-        role: {
-            side: _encode(tokenizers, texts[role][k], side, advance) for k, side in enumerate(SIDES)
+    encoded = {}
+    for role in ROLES:
+        encoded[role] = {
+            side: _encode(tokenizers, texts[role][k], side, dtype, advance)
+            for k, side in enumerate(SIDES)
         }
-        for role in ROLES
-    }
+        if role == "train":
+            texts[role] = None  # the cache keeps train's ids, not its text: free it now
     seconds["encode"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    # the cache holds the texts once more (JSON lines) and their token ids (characters as an
-    # estimate of bytes: no second encoding pass over the corpus)
-    needed = 2 * sum(map(len, itertools.chain.from_iterable(itertools.chain(*texts.values()))))
+    # the ids and offsets, and the val/test texts as JSON lines (characters as bytes)
+    ids_bytes = sum(f.nbytes + 8 * len(n) for sides in encoded.values() for f, n in sides.values())
+    text_chars = sum(len(t) for role in ROLES if texts[role] for side in texts[role] for t in side)
     kept = "; no cache was written, earlier caches are intact"
-    with writing(cache_path(cfg), needed, kept):
-        splits, tokenizer_files, dtype = _write_cache(cfg, out, texts, encoded, tokenizers, bars)
+    with writing(cache_path(cfg), ids_bytes + 2 * text_chars, kept):
+        splits = _write_cache(cfg, out, texts, encoded, nonempty, bars)
+        tokenizer_files = [p.name for p in tokenizers.save(out)]
     seconds["write"] = time.perf_counter() - start
 
     manifest = {
@@ -248,49 +306,44 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
 def _write_cache(
     cfg: DataConfig,
     out: Path,
-    texts: dict[str, tuple[list[str], list[str]]],
-    encoded: dict[str, dict[str, list[list[int]]]],
-    tokenizers: Tokenizers,
+    texts: dict[str, tuple[list[str], list[str]] | None],
+    encoded: dict[str, dict[str, Ids]],
+    nonempty: np.ndarray,
     bars: Stages,
-) -> tuple[dict[str, dict], list[str], type]:
-    """Filter train, truncate val/test, write every split's ids and texts and the tokenizer
-    into `out`; (per-split info, tokenizer file names, token dtype)."""
-    vocab = max(tokenizers.src_vocab_size, tokenizers.tgt_vocab_size)
-    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
+) -> dict[str, dict]:
+    """Filter train, truncate val/test, write every split's ids (and val/test's texts, which
+    BLEU and the samples need) into `out`; per-split info."""
     splits: dict[str, dict] = {}
     advance = bars.stage("write cache", total=len(ROLES))
     for role in ROLES:
-        src, tgt = texts[role]
         ids = encoded[role]
-        info: dict[str, object] = {"lines": len(src)}
+        info: dict[str, object] = {"lines": len(ids["src"][1])}
         if role == "train":
-            kept, info["filtered"] = _filter_train(cfg, texts[role], ids)
-            if not kept:
+            kept, info["filtered"] = _filter_train(cfg, nonempty, ids["src"], ids["tgt"])
+            if not kept.any():
                 raise DataError(
                     f"every train pair was filtered out ({info['filtered']}): raise "
                     f"data.max_len ({cfg.max_len}) or data.max_ratio ({cfg.max_ratio})"
                 )
-            ids = {side: [ids[side][i] for i in kept] for side in SIDES}
-            src, tgt = [src[i] for i in kept], [tgt[i] for i in kept]
+            ids = {side: _rows(ids[side], kept) for side in SIDES}
         else:
-            long = sum(len(row) > cfg.max_len for side in SIDES for row in ids[side])
+            long = sum(int((ids[side][1] > cfg.max_len).sum()) for side in SIDES)
             if long:
                 log.warning(
                     "%s: truncated %d over-long side(s) to max_len=%d", role, long, cfg.max_len
                 )
-            ids = {side: [row[: cfg.max_len] for row in ids[side]] for side in SIDES}
+            ids = {side: _truncated(ids[side], cfg.max_len) for side in SIDES}
             info["truncated"] = long
-        _write_split(out, role, ids, dtype)
-        _write_texts(out, role, src, tgt)
+            _write_texts(out, role, *texts[role])
+        _write_split(out, role, ids)
         info.update(
-            examples=len(src),
-            src_tokens=sum(map(len, ids["src"])),
-            tgt_tokens=sum(map(len, ids["tgt"])),
+            examples=len(ids["src"][1]),
+            src_tokens=int(ids["src"][1].sum()),
+            tgt_tokens=int(ids["tgt"][1].sum()),
         )
         splits[role] = info
         advance(1)
-    tokenizer_files = [p.name for p in tokenizers.save(out)]
-    return splits, tokenizer_files, dtype
+    return splits
 
 
 def report(manifest: dict) -> str:

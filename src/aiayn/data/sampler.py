@@ -21,18 +21,22 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
+from aiayn.errors import DataError
+
 
 def token_batches(widths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[np.ndarray]:
     """Cut `order` (indices into widths) greedily into batches of padded size <= max_tokens
-    (a single example wider than max_tokens still gets a batch of its own)."""
-    batches, start, widest = [], 0, 0
-    for end, width in enumerate(widths[order].tolist()):
-        widest = max(widest, width)
-        if (end + 1 - start) * widest > max_tokens and end > start:
-            batches.append(order[start:end])
-            start, widest = end, width
-    if start < len(order):
-        batches.append(order[start:])
+    (a single example wider than max_tokens still gets a batch of its own). One numpy step
+    per batch, not per example: a WMT-size epoch (4.5M pairs) is cut in about a second."""
+    ordered = widths[order]
+    batches, start = [], 0
+    while start < len(order):
+        room = max_tokens // max(int(ordered[start]), 1) + 1  # no batch holds more
+        widest = np.maximum.accumulate(ordered[start : start + room])
+        over = np.flatnonzero(np.arange(1, len(widest) + 1) * widest > max_tokens)
+        end = start + (max(int(over[0]), 1) if over.size else len(widest))
+        batches.append(order[start:end])
+        start = end
     return batches
 
 
@@ -132,8 +136,31 @@ class TokenBatchSampler(Sampler[list[int]]):
             self.epoch, self._resume_at = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        """The epoch, batches this rank has yielded in it, and the sharding they came from
+        (a position means nothing under another world size)."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "world_size": self.world_size,
+            "batches": len(self),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue where `state` stopped; refused mid-epoch under another world size."""
+        if mid_epoch_world_size(state) not in (None, self.world_size):
+            raise DataError(
+                f"the run stopped in the middle of epoch {state['epoch']} with "
+                f"{state['world_size']} processes; its data position cannot continue with "
+                f"{self.world_size}: resume with {state['world_size']} processes "
+                "(trainer.devices x trainer.num_nodes)"
+            )
         self.epoch = int(state["epoch"])
         self.position = self._resume_at = int(state["position"])
+
+
+def mid_epoch_world_size(state: dict[str, int]) -> int | None:
+    """The world size a sampler state was written under when it stopped mid-epoch (only
+    then does it matter), else None (an epoch end, or a state from before it was saved)."""
+    if "world_size" not in state or not 0 < state["position"] < state["batches"]:
+        return None
+    return int(state["world_size"])

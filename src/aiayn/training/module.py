@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
@@ -25,6 +26,7 @@ from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.schedules import OptimConfig, lr_multiplier
+from aiayn.training.sharding import gathered, shard
 
 
 class TranslationModule(L.LightningModule):
@@ -135,6 +137,8 @@ class TranslationModule(L.LightningModule):
             self._normalise_gradients()
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads)
+        if isinstance(norm, DTensor):  # sharded (trainer=fsdp): the norm over every share
+            norm = norm.full_tensor()
         self.log("train/grad_norm", norm)
         if str(self.trainer.precision).startswith("16") or bool(torch.isfinite(norm)):
             self.nonfinite_in_row = 0
@@ -188,6 +192,10 @@ class TranslationModule(L.LightningModule):
         return self._evaluate(batch, "test")
 
     def _evaluate(self, batch: Batch, split: str) -> dict[str, list[str]]:
+        with gathered(self.model):  # decoding calls more than forward (trainer=fsdp)
+            return self._evaluate_whole(batch, split)
+
+    def _evaluate_whole(self, batch: Batch, split: str) -> dict[str, list[str]]:
         _, nll = self.losses(batch)
         self.nll[split].update(nll, weight=batch.tgt_out.ne(self.model_config.pad_id).sum())
         if not self._scores_bleu(split):
@@ -223,6 +231,11 @@ class TranslationModule(L.LightningModule):
             # torchmetrics returns a fraction; BLEU is reported on sacreBLEU's 0-100 scale
             self.log(f"{split}/bleu", 100.0 * self.bleu[split].compute(), sync_dist=False)
             self.bleu[split].reset()
+
+    def configure_model(self) -> None:
+        """Shard the model where the strategy gives a device mesh (`trainer=fsdp`)."""
+        if self.device_mesh is not None:
+            shard(self.model, self.device_mesh)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -27,9 +27,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
-from aiayn.config import TrainConfig, plain, to_schema
+from aiayn.config import TrainConfig, plain, process_count, to_schema
 from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
+from aiayn.data.sampler import mid_epoch_world_size
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, DistributedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
@@ -249,6 +250,7 @@ def _instantiate(key: str, node: Any, **kwargs: Any) -> Any:
 
 def _check_resume(config: TrainConfig) -> None:
     saved = read_checkpoint(config.ckpt_path)
+    _check_world_size(config, saved)
     hparams = saved.get("hyper_parameters", {})
     current = {"model": plain(config.model), "optim": plain(config.optim)}
     for group, values in current.items():
@@ -262,6 +264,23 @@ def _check_resume(config: TrainConfig) -> None:
                     f"this run has {group}.{key}={value!r}: resume with the overrides of the "
                     "original run (its .hydra/overrides.yaml) plus ckpt_path"
                 )
+
+
+def _check_world_size(config: TrainConfig, saved: dict[str, Any]) -> None:
+    """A run stopped mid-epoch resumes with as many processes as it had: each process's data
+    position is a place in its own shard (launchers may change, the count may not)."""
+    state = saved.get(TranslationDataModule.__qualname__, {}).get("train_sampler", {})
+    old = mid_epoch_world_size(state)
+    trainer = config.trainer
+    new = process_count(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
+    if old is not None and old != new:
+        raise ConfigError(
+            f"ckpt_path={config.ckpt_path} stopped in the middle of an epoch of a {old}-process "
+            f"run, and this run starts {new} (trainer.devices x trainer.num_nodes): its data "
+            f"position is per process, so resume with {old} processes, or resume from a "
+            "checkpoint written at an epoch end, or start from its weights alone with "
+            "init_from=<ckpt>"
+        )
 
 
 @rank_zero_only

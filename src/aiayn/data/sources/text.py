@@ -23,22 +23,22 @@ def file_fingerprint(path: Path) -> list[object]:
 
 
 def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file (split on '\\n' only, trailing '\\r' dropped)."""
+    """Lines of a UTF-8 file (split on '\\n' only, trailing '\\r' dropped), read a line at a
+    time: memory is the lines' own, not two more copies of the file."""
     if not path.is_file():
         raise DataError(f"input file {path} not found: check the data config's paths")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise DataError(
-            f"{path}, line {line}: bytes that are not UTF-8 ({error.reason}); re-encode the "
-            f"file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from error
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    lines = []
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}, line {number}: bytes that are not UTF-8 ({error.reason}); "
+                    "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from error
+            lines.append(line.removesuffix("\n").removesuffix("\r"))
+    return lines
 
 
 def read_aligned(src_path: Path, tgt_path: Path, role: str) -> tuple[list[str], list[str]]:
