@@ -85,6 +85,43 @@ def test_train_is_filtered_val_is_truncated(files_cfg: MakeCfg, corpus_dir: Path
     assert json.loads(texts[-1]) == {"src": long, "tgt": "Hund."}  # original text kept
 
 
+def test_separate_tokenizers_learn_their_own_side(files_cfg: MakeCfg, corpus_dir: Path) -> None:
+    """joint=false: each side's vocabulary is the one learnt from that side's train text
+    alone (the train split is streamed once per tokenizer), and the ids decode to the text."""
+    from aiayn.data.tokenizer import train_tokenizer
+
+    settings = TokenizerConfig(vocab_size=300, min_frequency=1, joint=False)
+    path = prepare(files_cfg(tokenizer=settings))
+    tokenizers = Tokenizers.load(path)
+    assert not tokenizers.joint
+    for side, lang in (("src", "en"), ("tgt", "de")):
+        lines = (corpus_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        alone = train_tokenizer(iter(lines), settings, len(lines))
+        assert getattr(tokenizers, side).get_vocab() == alone.get_vocab(), side
+    assert tokenizers.src.get_vocab() != tokenizers.tgt.get_vocab()
+    val = (corpus_dir / "val.de").read_text(encoding="utf-8").splitlines()
+    offsets, tokens = np.load(path / "val.tgt.offsets.npy"), np.load(path / "val.tgt.tokens.npy")
+    ids = [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(val))]
+    assert tokenizers.decode(ids, "tgt") == val
+
+
+def test_the_train_split_is_streamed_never_read_whole(
+    files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WMT-size corpora: prepare never holds the train split's text in memory."""
+    from aiayn.data.sources.base import Source
+
+    whole = Source.read
+
+    def read(self: Source, role: str) -> tuple[list[str], list[str]]:
+        assert role != "train", "the train split was read into memory"
+        return whole(self, role)
+
+    monkeypatch.setattr(Source, "read", read)
+    path = prepare(files_cfg())
+    assert load_manifest(path)["splits"]["train"]["examples"] == SIZES["train"]
+
+
 def test_interrupted_prepare_leaves_no_trusted_cache(
     files_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -279,7 +316,7 @@ def test_command_line_prepares_toy(tmp_path: Path) -> None:
 def test_preparation_shows_a_bar_per_stage_on_a_terminal(files_cfg: MakeCfg, terminal) -> None:
     prepare(files_cfg())
     drawn = terminal()
-    total = 2 * sum(SIZES.values())  # both sides of every split are encoded
+    total = sum(SIZES.values())  # the pairs of every split are encoded
     for stage, done in (("read splits", "3/3"), ("train tokenizer", "1/1")):
         assert stage in drawn and done in drawn, stage
     assert "encode" in drawn and f"{total}/{total}" in drawn

@@ -97,3 +97,35 @@ def test_a_position_mid_epoch_is_refused_under_another_world_size() -> None:
 def test_rank_must_be_in_world() -> None:
     with pytest.raises(ValueError, match="rank 2"):
         make(rank=2, world_size=2)
+
+
+def _greedy(widths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[list[int]]:
+    """The batching rule, one example at a time: add to the batch while (size + 1) x its
+    widest example fits, else start a new one."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    widest = 0
+    for i in order.tolist():
+        if batch and (len(batch) + 1) * max(widest, int(widths[i])) > max_tokens:
+            batches.append(batch)
+            batch, widest = [], 0
+        batch.append(i)
+        widest = max(widest, int(widths[i]))
+    return [*batches, batch] if batch else batches
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_token_batches_cut_as_the_greedy_rule_does(seed: int) -> None:
+    """The binary-search cut equals the greedy rule applied one example at a time, including
+    examples wider than the budget and runs of equal widths."""
+    from aiayn.data.sampler import token_batches
+
+    rng = np.random.default_rng(seed)
+    widths = rng.integers(1, 80, size=int(rng.integers(1, 400)))
+    order = rng.permutation(len(widths))
+    order = order[np.argsort(widths[order], kind="stable")]
+    max_tokens = int(rng.choice([16, 64, 100, 257, 1000]))
+    got = [batch.tolist() for batch in token_batches(widths, order, max_tokens)]
+    assert got == _greedy(widths, order, max_tokens)
+    with pytest.raises(ValueError, match="ascending"):
+        token_batches(np.array([3, 1]), np.array([0, 1]), 10)

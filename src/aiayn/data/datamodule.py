@@ -38,6 +38,7 @@ class TranslationDataModule(L.LightningDataModule):
         self._datasets: dict[str, SplitDataset] = {}
         self._texts: dict[str, list[dict[str, str]]] = {}
         self._train_sampler: TokenBatchSampler | None = None
+        self._spare_sampler: TokenBatchSampler | None = None  # setup's, until training takes it
         self._sampler_state: dict[str, int] | None = None
 
     @property
@@ -66,7 +67,7 @@ class TranslationDataModule(L.LightningDataModule):
                 self._datasets[role] = SplitDataset(self.cache_path, role)
         if self.padding_efficiency is None and stage in (None, "fit"):
             train = self._datasets["train"]
-            sampler = self._sampler("train", 0, 1)
+            sampler = self._spare_sampler = self._sampler("train", 0, 1)  # one process: reused
             self.padding_efficiency = padding_efficiency(
                 sampler.epoch_batches(), train.src_lengths, train.tgt_lengths
             )
@@ -113,7 +114,10 @@ class TranslationDataModule(L.LightningDataModule):
         rank, world_size = self._rank_world()
         sampler = self._train_sampler
         if sampler is None or (sampler.rank, sampler.world_size) != (rank, world_size):
-            sampler = self._train_sampler = self._sampler("train", rank, world_size)
+            spare, self._spare_sampler = self._spare_sampler, None
+            if spare is None or (spare.rank, spare.world_size) != (rank, world_size):
+                spare = self._sampler("train", rank, world_size)
+            sampler = self._train_sampler = spare
         if self._sampler_state is not None:
             sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None

@@ -13,13 +13,17 @@ settings (max_tokens, num_workers) are not part of it. Contents, per role train/
     tokenizer.json (joint) or tokenizer.src.json + tokenizer.tgt.json
     manifest.json          settings, counts, filtered counts, timings; written last
 
+The train split is streamed from the source three times (a scan for empty pairs, the
+tokenizer's training, the encoding, ENCODE_CHUNK pairs at a time), so memory holds its ids,
+never its text; val and test are read whole.
+
 Train pairs with an empty side, a side longer than max_len tokens, or a length ratio above
 max_ratio are dropped (counted in the manifest). Val/test keep every pair (BLEU needs all);
 over-long sides are truncated to max_len tokens with a warning. Everything is written into a
 temp dir that is renamed into place only when complete, so an interrupted or failed prepare
 leaves no cache that a later run trusts. Processes that start together (the ranks of a
-`torchrun` or `srun` launch, a sweep's jobs) take turns on a lock file (`<cache_dir>/.locks/`): one
-prepares, the others wait and read its cache.
+`torchrun` or `srun` launch, a sweep's jobs) take turns on a lock file in
+`<cache_dir>/.locks/`: one prepares, the others wait and read its cache.
 
 Run alone: `python -m aiayn.data.prepare data=multi30k data.root=...` prints the report.
 """
@@ -34,9 +38,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from operator import itemgetter
 from pathlib import Path
 
 import hydra
@@ -47,7 +52,7 @@ from omegaconf import DictConfig
 from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
 from aiayn.console import Advance, Stages, progress, set_progress
 from aiayn.data.config import ROLES, DataConfig
-from aiayn.data.sources import get_source
+from aiayn.data.sources import Source, get_source
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
 from aiayn.errors import DataError, exit_on_error, writing
@@ -149,42 +154,45 @@ def _build_into(cfg: DataConfig, path: Path) -> Path:
 Ids = tuple[np.ndarray, np.ndarray]  # (flat token ids (N_tokens,), lengths (N,) int64)
 
 
-def _get_tokenizers(
-    cfg: DataConfig, src: list[str], tgt: list[str], keep: np.ndarray
-) -> Tokenizers:
-    """The given tokenizer, or one trained on the train pairs `keep` marks (streamed to the
-    trainer, not copied)."""
+def _get_tokenizers(cfg: DataConfig, source: Source, keep: np.ndarray) -> Tokenizers:
+    """The given tokenizer, or one trained on the train pairs `keep` marks, streamed from the
+    source to the trainer (one more read of the train split per tokenizer)."""
     if cfg.tokenizer.path:
         return Tokenizers.load(cfg.tokenizer.path)
     count = int(keep.sum())
     if cfg.tokenizer.joint:
-        texts = itertools.chain(itertools.compress(src, keep), itertools.compress(tgt, keep))
+        pairs = itertools.compress(source.pairs("train"), keep)
+        texts = (text for pair in pairs for text in pair)
         return Tokenizers(train_tokenizer(texts, cfg.tokenizer, 2 * count))
+    src, tgt = (map(itemgetter(k), itertools.compress(source.pairs("train"), keep)) for k in (0, 1))
     return Tokenizers(
-        train_tokenizer(itertools.compress(src, keep), cfg.tokenizer, count),
-        train_tokenizer(itertools.compress(tgt, keep), cfg.tokenizer, count),
+        train_tokenizer(src, cfg.tokenizer, count), train_tokenizer(tgt, cfg.tokenizer, count)
     )
 
 
 def _encode(
-    tokenizers: Tokenizers, texts: list[str], side: str, dtype: type, advance: Advance
-) -> Ids:
-    """The ids of every text as one flat array and the lengths, encoded ENCODE_CHUNK texts
-    at a time (in parallel, in Rust): memory is the ids' own size, not Python lists'."""
-    flats, lengths = [np.zeros(0, dtype)], [np.zeros(0, np.int64)]
-    for start in range(0, len(texts), ENCODE_CHUNK):
-        chunk = texts[start : start + ENCODE_CHUNK]
-        rows = tokenizers.encode(chunk, side)
-        lengths.append(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)))
-        count = int(lengths[-1].sum())
-        flats.append(np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=count))
+    tokenizers: Tokenizers, pairs: Iterable[tuple[str, str]], dtype: type, advance: Advance
+) -> dict[str, Ids]:
+    """Side -> the ids of every text as one flat array and the lengths, encoded ENCODE_CHUNK
+    pairs at a time (in parallel, in Rust): memory is the ids' own size and one chunk's text,
+    not the corpus's."""
+    flats = {side: [np.zeros(0, dtype)] for side in SIDES}
+    lengths = {side: [np.zeros(0, np.int64)] for side in SIDES}
+    pairs = iter(pairs)
+    while chunk := list(itertools.islice(pairs, ENCODE_CHUNK)):
+        for side, texts in zip(SIDES, zip(*chunk, strict=True), strict=True):
+            rows = tokenizers.encode(list(texts), side)
+            lengths[side].append(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)))
+            count = int(lengths[side][-1].sum())
+            ids = itertools.chain.from_iterable(rows)
+            flats[side].append(np.fromiter(ids, dtype=dtype, count=count))
         advance(len(chunk))
-    return np.concatenate(flats), np.concatenate(lengths)
+    return {side: (np.concatenate(flats[side]), np.concatenate(lengths[side])) for side in SIDES}
 
 
-def _nonempty(src: list[str], tgt: list[str]) -> np.ndarray:
-    """(N,) bool: the pairs with text on both sides."""
-    return np.fromiter((bool(s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)), bool)
+def _nonempty(pairs: Iterable[tuple[str, str]]) -> np.ndarray:
+    """(N,) bool: the pairs with text on both sides (read through, none kept)."""
+    return np.fromiter((bool(s.strip() and t.strip()) for s, t in pairs), bool)
 
 
 def _filter_train(cfg: DataConfig, nonempty: np.ndarray, src: Ids, tgt: Ids) -> tuple:
@@ -233,16 +241,21 @@ def _build(cfg: DataConfig, out: Path) -> dict:
 
 
 def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
+    """The train split is streamed from the source three times (scan, tokenizer, encode) and
+    never held in memory as text; val and test are small and read once."""
     source = get_source(cfg)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     advance = bars.stage("read splits", total=len(ROLES))
-    texts = {}
-    for role in ROLES:
+    nonempty = _nonempty(source.pairs("train"))
+    advance(1)
+    texts: dict[str, tuple[list[str], list[str]]] = {}
+    for role in (r for r in ROLES if r != "train"):
         texts[role] = source.read(role)
         advance(1)
-    for role, (src, _) in texts.items():
-        if not src:
+    sizes = {"train": len(nonempty), **{role: len(texts[role][0]) for role in texts}}
+    for role, size in sizes.items():
+        if not size:
             files = ", ".join(str(f) for f in getattr(source, "files", dict)().get(role, []))
             where = f" ({files})" if files else ""
             raise DataError(
@@ -252,32 +265,31 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     seconds["read"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    nonempty = _nonempty(*texts["train"])
     if not nonempty.any():
         raise DataError(f"the train split of {cfg.source} has no pair with two non-empty sides")
     advance = bars.stage("train tokenizer" if not cfg.tokenizer.path else "load tokenizer", 1)
-    tokenizers = _get_tokenizers(cfg, *texts["train"], nonempty)
+    tokenizers = _get_tokenizers(cfg, source, nonempty)
     advance(1)
     seconds["tokenizer"] = time.perf_counter() - start
 
     start = time.perf_counter()
     vocab = max(tokenizers.src_vocab_size, tokenizers.tgt_vocab_size)
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
-    advance = bars.stage("encode", total=sum(2 * len(texts[role][0]) for role in ROLES))
-    encoded = {}
-    for role in ROLES:
-        encoded[role] = {
-            side: _encode(tokenizers, texts[role][k], side, dtype, advance)
-            for k, side in enumerate(SIDES)
-        }
-        if role == "train":
-            texts[role] = None  # the cache keeps train's ids, not its text: free it now
+    advance = bars.stage("encode", total=sum(sizes.values()))
+    encoded = {"train": _encode(tokenizers, source.pairs("train"), dtype, advance)}
+    if len(encoded["train"]["src"][1]) != len(nonempty):
+        raise DataError(
+            f"the train split of {cfg.source} changed while it was being prepared "
+            f"({len(nonempty)} pairs, then {len(encoded['train']['src'][1])}): prepare again"
+        )
+    for role, (src, tgt) in texts.items():
+        encoded[role] = _encode(tokenizers, zip(src, tgt, strict=True), dtype, advance)
     seconds["encode"] = time.perf_counter() - start
 
     start = time.perf_counter()
     # the ids and offsets, and the val/test texts as JSON lines (characters as bytes)
     ids_bytes = sum(f.nbytes + 8 * len(n) for sides in encoded.values() for f, n in sides.values())
-    text_chars = sum(len(t) for role in ROLES if texts[role] for side in texts[role] for t in side)
+    text_chars = sum(len(t) for role in texts for side in texts[role] for t in side)
     kept = "; no cache was written, earlier caches are intact"
     with writing(cache_path(cfg), ids_bytes + 2 * text_chars, kept):
         splits = _write_cache(cfg, out, texts, encoded, nonempty, bars)
@@ -306,7 +318,7 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
 def _write_cache(
     cfg: DataConfig,
     out: Path,
-    texts: dict[str, tuple[list[str], list[str]] | None],
+    texts: dict[str, tuple[list[str], list[str]]],
     encoded: dict[str, dict[str, Ids]],
     nonempty: np.ndarray,
     bars: Stages,

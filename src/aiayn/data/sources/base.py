@@ -1,17 +1,19 @@
 """`Source`: one kind of corpus (`DataConfig.source`), and `FileSource` for those on local files.
 
-A source reads the train/val/test splits as (source texts, target texts) and fingerprints its
-inputs for the cache key. In the cache and the API the splits are always the roles
+A source streams the train/val/test splits as (source text, target text) pairs (a WMT-size
+corpus is read more than once, never held whole) and fingerprints its inputs for the cache
+key. In the cache and the API the splits are always the roles
 'train'/'val'/'test'; `DataConfig.split_names` maps them to the source's own split names.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 
 from aiayn.data.config import DataConfig
-from aiayn.data.sources.text import file_fingerprint, read_aligned
+from aiayn.data.sources.text import columns, file_fingerprint, iter_aligned
 
 
 class Source(ABC):
@@ -25,8 +27,13 @@ class Source(ABC):
         """Raise ValueError naming the `DataConfig.<field>` this source needs and what to do."""
 
     @abstractmethod
+    def pairs(self, role: str) -> Iterator[tuple[str, str]]:
+        """The (source text, target text) pairs of split `role`, original text, streamed (a
+        new iterator per call, reading from the start)."""
+
     def read(self, role: str) -> tuple[list[str], list[str]]:
-        """(source texts, target texts) of split `role`, aligned, original text."""
+        """(source texts, target texts) of split `role`, aligned, in memory."""
+        return columns(self.pairs(role))
 
     @abstractmethod
     def fingerprint(self) -> dict[str, object]:
@@ -41,9 +48,9 @@ class FileSource(Source):
     def files(self) -> dict[str, list[Path]]:
         """Role -> the files holding that split."""
 
-    def read(self, role: str) -> tuple[list[str], list[str]]:
+    def pairs(self, role: str) -> Iterator[tuple[str, str]]:
         src_path, tgt_path = self.files()[role]
-        return read_aligned(src_path, tgt_path, role)
+        return iter_aligned(src_path, tgt_path, role)
 
     def fingerprint(self) -> dict[str, object]:
         files = self.files()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from aiayn.data.config import ROLES
 from aiayn.data.sources.base import FileSource
-from aiayn.data.sources.text import read_aligned, read_jsonl, read_tsv
+from aiayn.data.sources.text import iter_aligned, iter_jsonl, iter_tsv
 from aiayn.errors import DataError
 
 
@@ -34,13 +35,13 @@ class FilesSource(FileSource):
         root = Path(self.cfg.root) if self.cfg.root else Path()
         return {role: [root / path for path in self.cfg.files[role]] for role in ROLES}
 
-    def read(self, role: str) -> tuple[list[str], list[str]]:
+    def pairs(self, role: str) -> Iterator[tuple[str, str]]:
         paths = self.files()[role]
         if len(paths) == 2:
-            return read_aligned(paths[0], paths[1], role)
+            return iter_aligned(paths[0], paths[1], role)
         path = paths[0]
         if path.suffix == ".tsv":
-            return read_tsv(path, self.cfg.fields)
+            return iter_tsv(path, self.cfg.fields)
         if path.suffix == ".jsonl":
-            return read_jsonl(path, self.cfg.fields, self.cfg.parent_field)
+            return iter_jsonl(path, self.cfg.fields, self.cfg.parent_field)
         raise DataError(f"{path}: a single file per split must end in .tsv or .jsonl")

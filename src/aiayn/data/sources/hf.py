@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from aiayn.data.config import DataConfig
 from aiayn.data.sources.base import Source
 from aiayn.data.sources.text import file_fingerprint, record_fields
 from aiayn.errors import DataError
@@ -15,6 +18,10 @@ class HFSource(Source):
     `train_split`/`val_split`/`test_split` (e.g. 'validation'); records hold the fields
     `src_field`/`tgt_field` (default: the languages), optionally under `parent_field` (e.g.
     'translation'). Fingerprinted by those settings and a `stat` of each local data file."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        super().__init__(cfg)
+        self._loaded: dict[str, Any] = {}  # split name -> datasets.Dataset
 
     def validate(self) -> None:
         if not self.cfg.hf_name:
@@ -31,40 +38,52 @@ class HFSource(Source):
             "data_files": local,
         }
 
-    def read(self, role: str) -> tuple[list[str], list[str]]:
+    def pairs(self, role: str) -> Iterator[tuple[str, str]]:
+        """The split's pairs, streamed from the dataset's memory-mapped Arrow files (loaded
+        once per source object)."""
+        dataset, split = self._load(role), self.cfg.split_names[role]
+        src_field, tgt_field = self.cfg.fields
+        columns = [self.cfg.parent_field] if self.cfg.parent_field else [src_field, tgt_field]
+        missing = [name for name in columns if name not in dataset.column_names]
+        if missing:
+            raise DataError(
+                f"dataset {self.cfg.hf_name!r} split {split!r} has columns "
+                f"{dataset.column_names}, not {missing}: set data.parent_field / "
+                "data.src_field / data.tgt_field"
+            )
+        return self._records(dataset, split, columns)
+
+    def _records(self, dataset: Any, split: str, columns: list[str]) -> Iterator[tuple[str, str]]:
+        cfg, number = self.cfg, 0
+        for rows in dataset.select_columns(columns).iter(batch_size=10_000):
+            records = rows[cfg.parent_field] if cfg.parent_field else None
+            for i in range(len(rows[columns[0]])):
+                try:
+                    if records is None:
+                        yield record_fields({k: rows[k][i] for k in columns}, cfg.fields, None)
+                    else:
+                        yield record_fields(records[i], cfg.fields, None)
+                except (KeyError, TypeError) as error:
+                    raise DataError(f"{cfg.hf_name!r} {split} record {number}: {error}") from error
+                number += 1
+
+    def _load(self, role: str) -> Any:
         import datasets  # slow to import; only this source needs it
 
         cfg = self.cfg
         split = cfg.split_names[role]
-        try:
-            dataset = datasets.load_dataset(
-                cfg.hf_name,
-                cfg.hf_config,
-                data_files=dict(cfg.hf_data_files) or None,
-                revision=cfg.hf_revision,
-                split=split,
-                cache_dir=str(Path(cfg.cache_dir) / "hf"),
-            )
-        except Exception as error:  # datasets/hub raise many types (files, network, formats)
-            raise DataError(
-                f"cannot load Hugging Face dataset {cfg.hf_name!r} split {split!r}: {error}"
-            ) from error
-        src_field, tgt_field = cfg.fields
-        columns = [cfg.parent_field] if cfg.parent_field else [src_field, tgt_field]
-        missing = [name for name in columns if name not in dataset.column_names]
-        if missing:
-            raise DataError(
-                f"dataset {cfg.hf_name!r} split {split!r} has columns {dataset.column_names}, "
-                f"not {missing}: set data.parent_field / data.src_field / data.tgt_field"
-            )
-        if not cfg.parent_field:
-            return list(dataset[src_field]), list(dataset[tgt_field])
-        src, tgt = [], []
-        for number, record in enumerate(dataset[cfg.parent_field]):
+        if split not in self._loaded:
             try:
-                s, t = record_fields(record, cfg.fields, None)
-            except (KeyError, TypeError) as error:
-                raise DataError(f"{cfg.hf_name!r} {split} record {number}: {error}") from error
-            src.append(s)
-            tgt.append(t)
-        return src, tgt
+                self._loaded[split] = datasets.load_dataset(
+                    cfg.hf_name,
+                    cfg.hf_config,
+                    data_files=dict(cfg.hf_data_files) or None,
+                    revision=cfg.hf_revision,
+                    split=split,
+                    cache_dir=str(Path(cfg.cache_dir) / "hf"),
+                )
+            except Exception as error:  # datasets/hub raise many types (files, network, ...)
+                raise DataError(
+                    f"cannot load Hugging Face dataset {cfg.hf_name!r} split {split!r}: {error}"
+                ) from error
+        return self._loaded[split]

@@ -8,6 +8,8 @@ a `stat`, so a cache hit reads no file even on WMT-size corpora, and any write c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
+from itertools import zip_longest
 from pathlib import Path
 
 from aiayn.errors import DataError
@@ -22,12 +24,10 @@ def file_fingerprint(path: Path) -> list[object]:
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file (split on '\\n' only, trailing '\\r' dropped), read a line at a
-    time: memory is the lines' own, not two more copies of the file."""
+def iter_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 file (split on '\\n' only, trailing '\\r' dropped), one at a time."""
     if not path.is_file():
         raise DataError(f"input file {path} not found: check the data config's paths")
-    lines = []
     with path.open("rb") as file:
         for number, raw in enumerate(file, start=1):
             try:
@@ -37,41 +37,49 @@ def read_lines(path: Path) -> list[str]:
                     f"{path}, line {number}: bytes that are not UTF-8 ({error.reason}); "
                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from error
-            lines.append(line.removesuffix("\n").removesuffix("\r"))
-    return lines
+            yield line.removesuffix("\n").removesuffix("\r")
 
 
-def read_aligned(src_path: Path, tgt_path: Path, role: str) -> tuple[list[str], list[str]]:
-    """The lines of a source and a target file, which must have as many lines as each other."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{role} split: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
-            f"source and target files must be line-aligned"
-        )
+def columns(pairs: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """(source texts, target texts) of (source, target) pairs."""
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in pairs:
+        src.append(s)
+        tgt.append(t)
     return src, tgt
 
 
-def read_tsv(path: Path, fields: tuple[str, str]) -> tuple[list[str], list[str]]:
-    """The (src, tgt) columns named `fields` in the header row of a TSV file."""
-    lines = read_lines(path)
-    if not lines:
+def iter_aligned(src_path: Path, tgt_path: Path, role: str) -> Iterator[tuple[str, str]]:
+    """(source line, target line) of two files, which must have as many lines as each other."""
+    for s, t in zip_longest(iter_lines(src_path), iter_lines(tgt_path)):
+        if s is None or t is None:
+            counts = [sum(1 for _ in path.open("rb")) for path in (src_path, tgt_path)]
+            raise DataError(
+                f"{role} split: {src_path} has {counts[0]} lines but {tgt_path} has "
+                f"{counts[1]}; source and target files must be line-aligned"
+            )
+        yield s, t
+
+
+def iter_tsv(path: Path, fields: tuple[str, str]) -> Iterator[tuple[str, str]]:
+    """The (src, tgt) columns named `fields` in the header row of a TSV file, row by row."""
+    lines = iter_lines(path)
+    first = next(lines, None)
+    if first is None:
         raise DataError(f"{path} is empty: a TSV needs a header row naming {fields}")
-    header = lines[0].split("\t")
+    header = first.split("\t")
     missing = [name for name in fields if name not in header]
     if missing:
         raise DataError(f"{path}: header {header} lacks column(s) {missing}")
-    columns = [header.index(name) for name in fields]
-    src, tgt = [], []
-    for number, line in enumerate(lines[1:], start=2):
+    src_column, tgt_column = (header.index(name) for name in fields)
+    for number, line in enumerate(lines, start=2):
         cells = line.split("\t")
         if len(cells) != len(header):
             raise DataError(
                 f"{path}, line {number}: {len(cells)} columns, header has {len(header)}"
             )
-        src.append(cells[columns[0]])
-        tgt.append(cells[columns[1]])
-    return src, tgt
+        yield cells[src_column], cells[tgt_column]
 
 
 def record_fields(record: object, fields: tuple[str, str], parent: str | None) -> tuple[str, str]:
@@ -83,17 +91,13 @@ def record_fields(record: object, fields: tuple[str, str], parent: str | None) -
     return src, tgt
 
 
-def read_jsonl(
+def iter_jsonl(
     path: Path, fields: tuple[str, str], parent: str | None
-) -> tuple[list[str], list[str]]:
+) -> Iterator[tuple[str, str]]:
     """The (src, tgt) string fields `fields` of each JSON line, under key `parent` if set."""
-    src, tgt = [], []
-    for number, line in enumerate(read_lines(path), start=1):
+    for number, line in enumerate(iter_lines(path), start=1):
         try:
-            s, t = record_fields(json.loads(line), fields, parent)
+            yield record_fields(json.loads(line), fields, parent)
         except (ValueError, KeyError, TypeError) as error:
             where = f"{parent}.{fields}" if parent else f"{fields}"
             raise DataError(f"{path}, line {number}: no string fields {where} ({error})") from error
-        src.append(s)
-        tgt.append(t)
-    return src, tgt
