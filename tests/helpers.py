@@ -132,14 +132,24 @@ def read_wandb_records(path: Path) -> list:
     return records
 
 
-def wandb_history(path: Path) -> dict[str, list]:
-    """key -> values logged with run.log(), in order, from a `.wandb` file."""
+def wandb_rows(path: Path) -> list[dict[str, object]]:
+    """The rows logged with run.log() (each key -> value), in order, from a `.wandb` file."""
     import json
 
+    return [
+        {
+            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+            for item in r.history.item
+        }
+        for r in read_wandb_records(path)
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
+def wandb_history(path: Path) -> dict[str, list]:
+    """key -> values logged with run.log(), in order, from a `.wandb` file."""
     history: dict[str, list] = {}
-    for record in read_wandb_records(path):
-        if record.WhichOneof("record_type") == "history":
-            for item in record.history.item:
-                key = item.key or "/".join(item.nested_key)
-                history.setdefault(key, []).append(json.loads(item.value_json))
+    for row in wandb_rows(path):
+        for key, value in row.items():
+            history.setdefault(key, []).append(value)
     return history

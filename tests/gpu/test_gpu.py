@@ -45,3 +45,28 @@ def test_checkpoint_translates_on_the_gpu_as_on_the_cpu(tmp_path):
     on_gpu = load_checkpoint(run / "checkpoints" / "last.ckpt", "cuda").translate(lines)
     on_cpu = load_checkpoint(run / "checkpoints" / "last.ckpt", "cpu").translate(lines)
     assert on_gpu == on_cpu
+
+
+def test_fsdp_on_the_gpus_there_are_trains_in_bf16_and_its_checkpoint_loads(tmp_path):
+    """`trainer=fsdp` on every GPU of the machine (one is enough to exercise sharding,
+    autocast and the whole-checkpoint gather) in bf16-mixed, as the README's command."""
+    devices = torch.cuda.device_count()
+    args = [*cli_overrides(tmp_path), *TOY, *SIXTY_STEPS, "trainer=fsdp", "callbacks=default"]
+    args += [
+        "trainer.accelerator=gpu",
+        "trainer.precision=bf16-mixed",
+        f"trainer.devices={devices}",
+    ]
+    result = cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"units sharded over {devices} processes" in result.stdout
+    (run,) = run_dirs(tmp_path)
+    losses = csv_metrics(run)["train/loss"]
+    assert losses[-1] < losses[0] - 1.0, losses
+    from aiayn.inference import load_checkpoint
+
+    lines = ["the red dog sees the big cat.", "yesterday Anna saw two green birds."]
+    last = run / "checkpoints" / "last.ckpt"  # whole weights: one device decodes as another
+    assert load_checkpoint(last, "cuda").translate(lines) == load_checkpoint(last, "cpu").translate(
+        lines
+    )

@@ -202,6 +202,9 @@ def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
         (["+callbacks.average.last=5"], "callbacks.average sets"),
         (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "trainer.precision=16-mixed"),
         (["trainer.accelerator=cpu", "trainer.devices=4096"], "trainer.devices=4096"),
+        (["trainer=fsdp", "callbacks=[default,ema]"], "callbacks.ema"),
+        (["trainer=fsdp", "callbacks=[default,average]"], "callbacks.average"),
+        (["trainer=fsdp", "callbacks=[default,attention]"], "callbacks.attention"),
     ],
 )
 def test_run_level_checks_name_the_key(overrides, message, tmp_path):

@@ -9,7 +9,15 @@ import signal
 import pytest
 import torch
 
-from tests.helpers import REPO, cli, cli_overrides, csv_metrics, read_wandb_records, run_dirs
+from tests.helpers import (
+    REPO,
+    cli,
+    cli_overrides,
+    csv_metrics,
+    read_wandb_records,
+    run_dirs,
+    wandb_rows,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +62,8 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
         n = _epoch_batches(tmp_path / "cache", 512)  # validation + last.ckpt at each epoch end
     end = 3 * n if where == "validation" else 2 * n
     common += [f"trainer.max_steps={end}", "test=false"]
+    if where in ("mid_epoch", "validation"):  # W&B (offline) beside the CSV history
+        common += ["logger=wandb"]
     straight = tmp_path / "straight"
     result = cli([*cli_overrides(straight), *common], straight)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -94,10 +104,26 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     for metric in ("val/loss", "val/bleu", "train/loss", "train/lr"):
         a, b = csv_metrics(straight_run)[metric], csv_metrics(run)[metric]
         assert a == pytest.approx(b, abs=1e-5), metric
+    if "logger=wandb" in common:  # the resumed run's new W&B run holds the whole history
+        logs = sorted(run.glob("wandb/*run-*/run-*.wandb"))  # the killed run's, the resumed
+        assert len(logs) == 2
+        (straight_log,) = straight_run.glob("wandb/*run-*/run-*.wandb")
+        a, b = (_wandb_series(wandb_rows(log)) for log in (straight_log, logs[-1]))
+        assert a.keys() == b.keys() and "val/bleu" in a and "train/loss" in a
+        for metric in a:
+            assert [s for s, _ in a[metric]] == [s for s, _ in b[metric]], metric
+            assert [v for _, v in a[metric]] == pytest.approx([v for _, v in b[metric]], abs=1e-5)
 
 
 TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
 TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
+
+
+def _wandb_series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """metric -> its (update, value) points in a W&B history, timings and W&B's own aside."""
+    names = {k for row in rows for k in row if not k.startswith("_") and k not in TIMED}
+    names.discard("trainer/global_step")
+    return {k: [(r["trainer/global_step"], r[k]) for r in rows if k in r] for k in names}
 
 
 def _reported(run) -> dict:

@@ -1,5 +1,6 @@
-"""`python -m aiayn.cli.curves <run dir> [-o curves.png]`: val/bleu and val/loss of a run
-against wall-clock minutes (and updates), drawn from its `csv/metrics.csv`.
+"""`python -m aiayn.cli.curves <run dir> [<run dir> ...] [-o curves.png]`: val/bleu and
+val/loss of a run (or of several, overlaid and labelled by directory name) against wall-clock
+minutes, drawn from each run's `csv/metrics.csv`.
 
 Validation rows carry the step; their time is the `train/elapsed_min` logged at that step.
 Prints the table it plots (step, minutes, val/loss, val/bleu), for records in `experiments/`.
@@ -42,22 +43,25 @@ def validation_curve(run_dir: Path) -> list[dict[str, float]]:
     return curve
 
 
-def plot(curve: list[dict[str, float]], output: Path, title: str) -> None:
+def plot(curves: dict[str, list[dict[str, float]]], output: Path, title: str) -> None:
+    """Two panels (val/bleu, val/loss against minutes), one line per labelled curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    minutes = [r["minutes"] for r in curve]
-    left.plot(minutes, [r["val/bleu"] for r in curve], marker="o")
-    left.set_xlabel("wall clock (minutes)")
+    for label, curve in curves.items():
+        minutes = [r["minutes"] for r in curve]
+        left.plot(minutes, [r["val/bleu"] for r in curve], marker="o", label=label)
+        right.plot(minutes, [r["val/loss"] for r in curve], marker="o", label=label)
     left.set_ylabel("val/bleu")
-    right.plot(minutes, [r["val/loss"] for r in curve], marker="o", color="tab:red")
-    right.set_xlabel("wall clock (minutes)")
     right.set_ylabel("val/loss (NLL per token)")
     for ax in (left, right):
+        ax.set_xlabel("wall clock (minutes)")
         ax.grid(alpha=0.3)
+        if len(curves) > 1:
+            ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(output, dpi=100)
@@ -67,18 +71,23 @@ def plot(curve: list[dict[str, float]], output: Path, title: str) -> None:
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m aiayn.cli.curves", description=__doc__)
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir", type=Path, nargs="+")
     parser.add_argument("-o", "--output", type=Path, help="PNG (default <run dir>/curves.png)")
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)
-    curve = validation_curve(args.run_dir)
-    if not curve:
-        raise AiaynError(f"{args.run_dir}: no validation rows in csv/metrics.csv")
-    output = args.output or args.run_dir / "curves.png"
-    plot(curve, output, args.title or args.run_dir.name)
-    print("| step | minutes | val/loss | val/bleu |\n|---:|---:|---:|---:|")
-    for r in curve:
-        print(f"| {r['step']} | {r['minutes']:.1f} | {r['val/loss']:.3f} | {r['val/bleu']:.2f} |")
+    curves = {}
+    for run_dir in args.run_dir:
+        curves[run_dir.name] = validation_curve(run_dir)
+        if not curves[run_dir.name]:
+            raise AiaynError(f"{run_dir}: no validation rows in csv/metrics.csv")
+    output = args.output or args.run_dir[0] / "curves.png"
+    plot(curves, output, args.title or " vs ".join(curves))
+    for label, curve in curves.items():
+        print(f"{label}\n| step | minutes | val/loss | val/bleu |\n|---:|---:|---:|---:|")
+        for r in curve:
+            print(
+                f"| {r['step']} | {r['minutes']:.1f} | {r['val/loss']:.3f} | {r['val/bleu']:.2f} |"
+            )
     print(f"wrote {output}")
 
 

@@ -14,8 +14,8 @@ settings (max_tokens, num_workers) are not part of it. Contents, per role train/
     manifest.json          settings, counts, filtered counts, timings; written last
 
 The train split is streamed from the source three times (a scan for empty pairs, the
-tokenizer's training, the encoding, ENCODE_CHUNK pairs at a time), so memory holds its ids,
-never its text; val and test are read whole.
+tokenizer's training, twice for separate tokenizers, and the encoding, ENCODE_CHUNK pairs at
+a time), so memory holds its ids, never its text; val and test are read whole.
 
 Train pairs with an empty side, a side longer than max_len tokens, or a length ratio above
 max_ratio are dropped (counted in the manifest). Val/test keep every pair (BLEU needs all);
@@ -126,10 +126,14 @@ def _only_one_preparing(path: Path) -> Iterator[None]:
     except Timeout:
         log.info("data cache %s: another process is preparing it; waiting", path)
         lock.acquire()
+    except (NotImplementedError, OSError) as error:  # a filesystem without locks (some NFS)
+        log.warning("data cache %s: no file lock here (%s); preparing unlocked", path, error)
+        lock = None  # the cache still appears whole (a rename); each process may build it
     try:
         yield
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _build_into(cfg: DataConfig, path: Path) -> Path:
@@ -241,9 +245,10 @@ def _build(cfg: DataConfig, out: Path) -> dict:
 
 
 def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
-    """The train split is streamed from the source three times (scan, tokenizer, encode) and
-    never held in memory as text; val and test are small and read once."""
+    """The train split is streamed from the source three times (scan, tokenizer, encode; four
+    with separate tokenizers) and never held in memory as text; val and test are read once."""
     source = get_source(cfg)
+    inputs = source.fingerprint()
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     advance = bars.stage("read splits", total=len(ROLES))
@@ -277,10 +282,10 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
     advance = bars.stage("encode", total=sum(sizes.values()))
     encoded = {"train": _encode(tokenizers, source.pairs("train"), dtype, advance)}
-    if len(encoded["train"]["src"][1]) != len(nonempty):
+    if len(encoded["train"]["src"][1]) != len(nonempty) or source.fingerprint() != inputs:
         raise DataError(
-            f"the train split of {cfg.source} changed while it was being prepared "
-            f"({len(nonempty)} pairs, then {len(encoded['train']['src'][1])}): prepare again"
+            f"the train split of {cfg.source} changed while it was being prepared (it is read "
+            "more than once): prepare again when nothing is writing to it"
         )
     for role, (src, tgt) in texts.items():
         encoded[role] = _encode(tokenizers, zip(src, tgt, strict=True), dtype, advance)
@@ -299,7 +304,7 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     manifest = {
         "version": CACHE_VERSION,
         "settings": _settings(cfg),
-        "inputs": source.fingerprint(),
+        "inputs": inputs,
         "splits": splits,
         "src_vocab_size": tokenizers.src_vocab_size,
         "tgt_vocab_size": tokenizers.tgt_vocab_size,

@@ -1,4 +1,7 @@
-"""Loggers that continue the run they resume."""
+"""Loggers that continue the run they resume: the CSV history (`csv/metrics.csv`) is the
+run's own record, kept and cut back to the checkpoint on resume, and replayed into the new W&B
+run a resumed run starts (W&B cannot resume an offline run, nor rewind one without its
+server)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger as _CSVLogger
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 
@@ -26,20 +30,35 @@ class CSVLogger(_CSVLogger):
                 writer.metrics_keys = next(csv.reader(kept.splitlines()), [])
         return self._experiment
 
-    def forget_after(self, step: int) -> None:
+    def forget_after(self, step: int) -> list[dict[str, float]] | None:
         """Drop the rows of an existing `metrics.csv` logged after update `step`: a run killed
         after its last checkpoint logged them, and the resumed run logs those updates again
-        (so the history equals an uninterrupted run's)."""
+        (so the history equals an uninterrupted run's). Returns the rows kept, each the
+        metrics of one `log_metrics` call (empty cells left out) with its `step`; None when
+        there is no history to keep (no metrics.csv)."""
         path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
         if not path.is_file():
-            return
+            return None
         rows = list(csv.reader(path.read_text().splitlines()))
         if not rows or "step" not in rows[0]:
-            return
-        column = rows[0].index("step")
-        kept = [rows[0]] + [r for r in rows[1:] if not r[column] or float(r[column]) <= step]
+            return None
+        header, column = rows[0], rows[0].index("step")
+        whole = [r for r in rows[1:] if len(r) == len(header)]  # a row cut by a kill: dropped
+        kept = [header] + [r for r in whole if not r[column] or float(r[column]) <= step]
         if len(kept) < len(rows):
             tmp = path.with_name(f".{path.name}.tmp")
             with open(tmp, "w", newline="") as file:
                 csv.writer(file).writerows(kept)
             tmp.replace(path)
+        return [{k: float(v) for k, v in zip(header, r, strict=True) if v} for r in kept[1:]]
+
+
+def replay(logger: Logger, rows: list[dict[str, float]]) -> None:
+    """Log `rows` (`forget_after`'s) into `logger` as they were first logged: a resumed run's
+    new W&B run starts with the history of the updates before its checkpoint."""
+    for row in rows:
+        metrics: dict[str, float | int] = dict(row)
+        step = metrics.pop("step", None)
+        if "epoch" in metrics:  # logged as an int
+            metrics["epoch"] = int(metrics["epoch"])
+        logger.log_metrics(metrics, None if step is None else int(step))

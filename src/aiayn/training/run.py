@@ -34,11 +34,12 @@ from aiayn.data.sampler import mid_epoch_world_size
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, DistributedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
+from aiayn.launchers import external_launch
 from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
-from aiayn.training.loggers import CSVLogger
+from aiayn.training.loggers import CSVLogger, replay
 from aiayn.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
         if config.train:
             if config.ckpt_path:  # every check passed: the run's history continues
-                _forget_history_after(trainer, read_checkpoint(config.ckpt_path)["global_step"])
+                _continue_history(trainer, read_checkpoint(config.ckpt_path)["global_step"])
             with _peer_death_named(trainer, output_dir):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
@@ -272,7 +273,12 @@ def _check_world_size(config: TrainConfig, saved: dict[str, Any]) -> None:
     state = saved.get(TranslationDataModule.__qualname__, {}).get("train_sampler", {})
     old = mid_epoch_world_size(state)
     trainer = config.trainer
-    new = process_count(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
+    launch = external_launch()
+    new = (
+        launch.world_size
+        if launch
+        else process_count(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
+    )
     if old is not None and old != new:
         raise ConfigError(
             f"ckpt_path={config.ckpt_path} stopped in the middle of an epoch of a {old}-process "
@@ -284,11 +290,25 @@ def _check_world_size(config: TrainConfig, saved: dict[str, Any]) -> None:
 
 
 @rank_zero_only
-def _forget_history_after(trainer: L.Trainer, step: int) -> None:
-    """CSV history rows a killed run logged after the checkpoint it resumes from."""
+def _continue_history(trainer: L.Trainer, step: int) -> None:
+    """A resumed run's history continues from its checkpoint's update `step`: the CSV rows a
+    killed run logged after it are dropped, and the new W&B run starts with the rows before
+    it (from the CSV history; without a CSV logger it starts at `step`, and says so)."""
+    rows = None
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
-            logger.forget_after(step)
+            rows = logger.forget_after(step)
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            if rows is None:
+                log.warning(
+                    "this W&B run starts at update %d: the history before it is in the earlier "
+                    "attempt's W&B run (a resumed run replays it from csv/metrics.csv, which "
+                    "this run does not have)",
+                    step,
+                )
+            else:
+                replay(logger, rows)
 
 
 def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
@@ -302,6 +322,9 @@ def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
         )
 
 
+UNSHARDED_CALLBACKS = ("EMA", "AverageCheckpoints", "AttentionMaps")  # not with trainer=fsdp
+
+
 def _check_callbacks(config: TrainConfig) -> None:
     for group in ("callbacks", "logger"):
         for key, node in getattr(config, group).items():
@@ -311,6 +334,16 @@ def _check_callbacks(config: TrainConfig) -> None:
                     f"group option is not selected; add it ({group}=[...,{key}]) or drop "
                     f"the keys ({group}.{key}=null)"
                 )
+    strategy = config.trainer.get("strategy")
+    sharded = isinstance(strategy, dict) and "ModelParallel" in str(strategy.get("_target_"))
+    for key, node in config.callbacks.items():
+        target = str((node or {}).get("_target_", ""))
+        if sharded and target.rsplit(".", 1)[-1] in UNSHARDED_CALLBACKS:
+            raise ConfigError(
+                f"callbacks.{key} ({target}) reads or keeps the whole weights on one process, "
+                "which trainer=fsdp does not give it yet; drop it (callbacks=default, and "
+                "test_ckpt=best if it was averaged or ema), or train with trainer=ddp"
+            )
     if config.val_bleu:
         return
     for key, node in config.callbacks.items():

@@ -47,12 +47,15 @@ def gathered(model: nn.Module) -> Iterator[None]:
     from torch.distributed.fsdp import FSDPModule
 
     units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    layers = [unit for unit in units if unit is not model]  # the root keeps its own setting
     for unit in units:
-        unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
+    for layer in layers:
+        layer.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(True, recurse=False)
+        for layer in layers:
+            layer.set_reshard_after_forward(True, recurse=False)

@@ -54,7 +54,7 @@ def iter_aligned(src_path: Path, tgt_path: Path, role: str) -> Iterator[tuple[st
     """(source line, target line) of two files, which must have as many lines as each other."""
     for s, t in zip_longest(iter_lines(src_path), iter_lines(tgt_path)):
         if s is None or t is None:
-            counts = [sum(1 for _ in path.open("rb")) for path in (src_path, tgt_path)]
+            counts = [sum(1 for _ in iter_lines(path)) for path in (src_path, tgt_path)]
             raise DataError(
                 f"{role} split: {src_path} has {counts[0]} lines but {tgt_path} has "
                 f"{counts[1]}; source and target files must be line-aligned"
