@@ -64,6 +64,8 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     common += [f"trainer.max_steps={end}", "test=false"]
     if where in ("mid_epoch", "validation"):  # W&B (offline) beside the CSV history
         common += ["logger=wandb"]
+    if where == "validation":  # and records in the run directory: attention maps
+        common += ["callbacks=[default,attention]"]
     straight = tmp_path / "straight"
     result = cli([*cli_overrides(straight), *common], straight)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -110,9 +112,16 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
         (straight_log,) = straight_run.glob("wandb/*run-*/run-*.wandb")
         a, b = (_wandb_series(wandb_rows(log)) for log in (straight_log, logs[-1]))
         assert a.keys() == b.keys() and "val/bleu" in a and "train/loss" in a
-        for metric in a:
+        for metric in a:  # scalars, and the sample tables and attention images as files
             assert [s for s, _ in a[metric]] == [s for s, _ in b[metric]], metric
+            if metric.startswith("attention/"):  # PNGs of maps equal to 1e-6, not bit for bit
+                continue
             assert [v for _, v in a[metric]] == pytest.approx([v for _, v in b[metric]], abs=1e-5)
+        samples = [(run / "samples.jsonl").read_text() for run in (straight_run, run)]
+        assert samples[0] == samples[1]
+        if where == "validation":
+            drawn = [sorted(p.name for p in r.glob("attention/step*")) for r in (straight_run, run)]
+            assert drawn[0] == drawn[1] and len(drawn[0]) == 3
 
 
 TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
@@ -122,6 +131,7 @@ TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
 def _wandb_series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     """metric -> its (update, value) points in a W&B history, timings and W&B's own aside."""
     names = {k for row in rows for k in row if not k.startswith("_") and k not in TIMED}
+    names = {k for k in names if "path" not in k.rsplit("/", 1)[-1]}  # W&B's media file names
     names.discard("trainer/global_step")
     return {k: [(r["trainer/global_step"], r[k]) for r in rows if k in r] for k in names}
 

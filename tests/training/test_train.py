@@ -193,14 +193,18 @@ def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path)
-    # attention heatmaps went to W&B as images (per kind and layer), not to PNG files
+    # attention heatmaps went to W&B as images (per kind and layer) and into the run directory
     images = list(run.glob("wandb/offline-run-*/files/media/images/attention/*.png"))
     assert {p.name.split("_layer")[0] for p in images} == {
         "encoder_self",
         "decoder_self",
         "decoder_cross",
     }
-    assert not (run / "attention").exists()
+    drawn = sorted(p.relative_to(run / "attention").as_posix() for p in run.glob("attention/*/*"))
+    assert {p.split("/")[0] for p in drawn} == {"step10", "step20"}
+    assert {p.split("/")[1] for p in drawn} == {p.name.rsplit("_", 2)[0] + ".png" for p in images}
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [10, 20] and len(samples[0]["samples"]) == 8
     log = _wandb_log(run)
     history = wandb_history(log)
     for key in (

@@ -67,12 +67,14 @@ class TranslationDataModule(L.LightningDataModule):
                 self._datasets[role] = SplitDataset(self.cache_path, role)
         if self.padding_efficiency is None and stage in (None, "fit"):
             train = self._datasets["train"]
-            sampler = self._spare_sampler = self._sampler("train", 0, 1)  # one process: reused
+            # this process's own sampler, which training then takes (one copy of the epoch)
+            sampler = self._spare_sampler = self._sampler("train", *self._rank_world())
+            batches = sampler.epoch_batches()
             self.padding_efficiency = padding_efficiency(
-                sampler.epoch_batches(), train.src_lengths, train.tgt_lengths
+                batches, train.src_lengths, train.tgt_lengths
             )
             rank_zero_info(
-                f"data: {self.cache_path.name}: {len(train)} train pairs in {len(sampler)} "
+                f"data: {self.cache_path.name}: {len(train)} train pairs in {len(batches)} "
                 f"batches of <= {self.cfg.max_tokens} tokens, padding efficiency "
                 f"{self.padding_efficiency:.3f}"
             )

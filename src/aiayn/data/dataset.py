@@ -84,8 +84,9 @@ class SplitDataset(Dataset):
         self.directory, self.role = Path(directory), role
         self._arrays: dict[str, np.ndarray] | None = None
         offsets = {side: self._load(f"{side}.offsets") for side in ("src", "tgt")}
-        self.src_lengths: np.ndarray = np.diff(offsets["src"])  # (N,) tokens, no specials
-        self.tgt_lengths: np.ndarray = np.diff(offsets["tgt"])  # (N,)
+        # (N,) int32 tokens, no specials: per-example arrays are what grows with the corpus
+        self.src_lengths: np.ndarray = np.diff(offsets["src"]).astype(np.int32)
+        self.tgt_lengths: np.ndarray = np.diff(offsets["tgt"]).astype(np.int32)
 
     def _load(self, name: str) -> np.ndarray:
         return np.load(self.directory / f"{self.role}.{name}.npy", mmap_mode="r")

@@ -114,7 +114,8 @@ class TokenBatchSampler(Sampler[list[int]]):
     def _compute_epoch_batches(self) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, self.epoch])
         n = len(self.widths)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        index = np.int32 if n < 2**31 else np.int64  # the batches hold N of them
+        order = (rng.permutation(n) if self.shuffle else np.arange(n)).astype(index)
         shape = self.src_lengths[order] - self.tgt_lengths[order]
         order = order[np.lexsort((shape, self.widths[order]))]
         batches = split_to_multiple(

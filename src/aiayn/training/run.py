@@ -293,7 +293,9 @@ def _check_world_size(config: TrainConfig, saved: dict[str, Any]) -> None:
 def _continue_history(trainer: L.Trainer, step: int) -> None:
     """A resumed run's history continues from its checkpoint's update `step`: the CSV rows a
     killed run logged after it are dropped, and the new W&B run starts with the rows before
-    it (from the CSV history; without a CSV logger it starts at `step`, and says so)."""
+    it (from the CSV history; without a CSV logger it starts at `step`, and says so); the
+    callbacks that keep records in the run directory (sample translations, attention maps)
+    do the same with theirs."""
     rows = None
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
@@ -309,6 +311,10 @@ def _continue_history(trainer: L.Trainer, step: int) -> None:
                 )
             else:
                 replay(logger, rows)
+    wandb = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+    for callback in trainer.callbacks:  # the records callbacks keep in the run directory
+        if hasattr(callback, "continue_after"):
+            callback.continue_after(step, wandb)
 
 
 def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
