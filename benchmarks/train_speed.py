@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.data.dataset import Batch
-from aiayn.machine import cpu_flags, cpu_model, matmul_flops
+from aiayn.machine import bf16_native, cpu_flags, cpu_model, matmul_flops
 from aiayn.model import ModelConfig
 from aiayn.model.summary import forward_flops
 from aiayn.training.module import TranslationModule
@@ -245,6 +245,31 @@ def main() -> None:
             f"| {tokens / marian:.0f} | {tokens / plain:.0f} | {marian / ours:.2f}x "
             f"| {plain / ours:.2f}x | {flops / ours / peak:.0%} |"
         )
+
+    if not cuda and bf16_native():
+        bf16_table(args, batch)
+
+
+def bf16_table(args: argparse.Namespace, batch: Batch) -> None:
+    """On a CPU with native bf16 (AVX-512 BF16 / AMX): aiayn's update in fp32 and under
+    bf16 autocast (`trainer.precision=bf16-mixed`), alternating, and the bf16 peak."""
+    peak = matmul_flops(torch.bfloat16, 2048, 5)
+    print(f"\nmeasured bf16 matmul peak: {peak / 1e9:.1f} GFLOP/s (native bf16)")
+    print("| shape | aiayn fp32 tgt tok/s | aiayn bf16-mixed | bf16-mixed / fp32 |")
+    print("|---|---:|---:|---:|")
+    for name in args.shapes.split(","):
+        torch.manual_seed(0)
+        fp32 = aiayn_step(SHAPES[name], args.vocab, batch)
+        torch.manual_seed(0)
+        update = aiayn_step(SHAPES[name], args.vocab, batch)
+
+        def mixed(update: Callable[[], None] = update) -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                update()
+
+        full, half = best_seconds([fp32, mixed], args.repeats, lambda: None)
+        tokens = args.batch_size * args.tgt_len
+        print(f"| {name} | {tokens / full:.0f} | {tokens / half:.0f} | {full / half:.2f}x |")
 
 
 if __name__ == "__main__":
