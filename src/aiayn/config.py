@@ -351,11 +351,18 @@ def resume_run_dir(ckpt_path: str | None, default: str, train: bool = True) -> s
     run (`<run>/checkpoints/x.ckpt` with `<run>/.hydra/`), that run's; else a new directory
     claimed from `default` (`new_run_dir`; a test-only run, `train=false`, never writes into
     the run it tests)."""
-    if ckpt_path and train:
-        run = Path(ckpt_path).resolve().parent.parent
-        if Path(ckpt_path).resolve().parent.name == "checkpoints" and (run / ".hydra").is_dir():
-            return str(run)
-    return new_run_dir(default)
+    run = _resumed_run(ckpt_path, train)
+    return str(run) if run is not None else new_run_dir(default)
+
+
+def _resumed_run(ckpt_path: str | None, train: bool) -> Path | None:
+    """The earlier run a training run resumes in place: `<run>` of a `<run>/checkpoints/`
+    checkpoint beside `<run>/.hydra/`, else None (a new run directory)."""
+    if not (ckpt_path and train):
+        return None
+    checkpoints = Path(ckpt_path).resolve().parent
+    run = checkpoints.parent
+    return run if checkpoints.name == "checkpoints" and (run / ".hydra").is_dir() else None
 
 
 _CLAIMED: dict[str, str] = {}
@@ -411,7 +418,7 @@ def resume_output_subdir(ckpt_path: str | None, train: bool = True) -> str | Non
     launch = external_launch()
     if launch is not None and launch.rank != 0:
         return None
-    if not (ckpt_path and train) or resume_run_dir(ckpt_path, "", train) == "":
+    if _resumed_run(ckpt_path, train) is None:
         return ".hydra"
     if ckpt_path not in _RESUME_SUBDIRS:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")

@@ -215,3 +215,23 @@ def test_a_users_mistake_is_one_line_and_exit_code_1(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
     assert "Traceback" not in proc.stderr and "missing.ckpt" in proc.stderr
+
+
+def test_a_checkpoint_outside_any_run_directory_is_checked_not_a_traceback(tmp_path):
+    """`train.py ckpt_path=<file>` where the file is not in a `<run>/checkpoints/` (copied out,
+    or not a checkpoint at all): the resume check speaks, in one line, before any work."""
+    loose = tmp_path / "copied.ckpt"
+    loose.write_text("not a checkpoint\n")
+    proc = subprocess.run(
+        [sys.executable, "train.py", f"ckpt_path={loose}", f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "copied.ckpt" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "logs" / "train" / "runs").exists() or not any(
+        (tmp_path / "logs" / "train" / "runs").glob("*/checkpoints/*")
+    )

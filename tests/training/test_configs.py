@@ -279,3 +279,22 @@ def test_only_training_continues_in_the_run_directory_of_its_checkpoint(tmp_path
     assert resume_run_dir(str(ckpt), fresh) == str(run)  # resume: the same run
     assert resume_run_dir(str(ckpt), fresh, train=False) == fresh  # test-only: its own
     assert resume_run_dir(None, fresh) == fresh
+
+
+def test_a_checkpoint_outside_any_run_starts_a_run_with_a_plain_record(tmp_path, monkeypatch):
+    """A checkpoint copied out of its run (no `<run>/checkpoints/` beside `.hydra/`) resumes
+    into a new run directory whose record is the usual `.hydra`; one inside a run records
+    the resume beside the original's, never over it."""
+    from aiayn.config import resume_output_subdir
+
+    monkeypatch.chdir(tmp_path)  # nothing may be claimed here
+    loose = tmp_path / "x.ckpt"
+    loose.write_bytes(b"")
+    assert resume_output_subdir(str(loose)) == ".hydra"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.ckpt"]
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    subdir = resume_output_subdir(str(run / "checkpoints" / "last.ckpt"))
+    assert subdir is not None and subdir.startswith(".hydra/resume-")
