@@ -62,10 +62,10 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
         n = _epoch_batches(tmp_path / "cache", 512)  # validation + last.ckpt at each epoch end
     end = 3 * n if where == "validation" else 2 * n
     common += [f"trainer.max_steps={end}", "test=false"]
-    if where in ("mid_epoch", "validation"):  # W&B (offline) beside the CSV history
+    if where == "mid_epoch":  # W&B (offline) beside the CSV history
         common += ["logger=wandb"]
-    if where == "validation":  # and records in the run directory: attention maps
-        common += ["callbacks=[default,attention]"]
+    if where == "validation":  # all loggers, and records in the run directory: attention maps
+        common += ["logger=many", "callbacks=[default,attention]"]
     straight = tmp_path / "straight"
     result = cli([*cli_overrides(straight), *common], straight)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -106,7 +106,15 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     for metric in ("val/loss", "val/bleu", "train/loss", "train/lr"):
         a, b = csv_metrics(straight_run)[metric], csv_metrics(run)[metric]
         assert a == pytest.approx(b, abs=1e-5), metric
-    if "logger=wandb" in common:  # the resumed run's new W&B run holds the whole history
+    if "logger=many" in common:  # TensorBoard shows the uninterrupted run's scalars
+        a, b = (
+            _tensorboard(r, ("train/loss", "val/loss", "val/bleu")) for r in (straight_run, run)
+        )
+        assert a.keys() == b.keys() and all(a.values())
+        for tag in a:
+            assert [s for s, _ in a[tag]] == [s for s, _ in b[tag]], tag
+            assert [v for _, v in a[tag]] == pytest.approx([v for _, v in b[tag]], abs=1e-5)
+    if {"logger=wandb", "logger=many"} & set(common):  # the new W&B run holds the whole history
         logs = sorted(run.glob("wandb/*run-*/run-*.wandb"))  # the killed run's, the resumed
         assert len(logs) == 2
         (straight_log,) = straight_run.glob("wandb/*run-*/run-*.wandb")
@@ -126,6 +134,16 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
 
 TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
 TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
+
+
+def _tensorboard(run, tags) -> dict[str, list[tuple[int, float]]]:
+    """tag -> (step, value) of a run's TensorBoard events as TensorBoard shows them (events a
+    resumed writer purged are gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in tags}
 
 
 def _wandb_series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:

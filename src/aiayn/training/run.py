@@ -131,7 +131,9 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
     if not show_progress:  # so the flag alone turns it off
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     loggers = [
-        _instantiate(f"logger.{k}", c, **_sweep_group(c)) for k, c in config.logger.items() if c
+        _instantiate(f"logger.{k}", c, **_sweep_group(c), **_purge_after_checkpoint(c, config))
+        for k, c in config.logger.items()
+        if c
     ]
     return _instantiate(
         "trainer",
@@ -140,6 +142,16 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
         logger=loggers or False,
         plugins=[AtomicCheckpointIO()],
     )
+
+
+def _purge_after_checkpoint(node: dict[str, Any], config: TrainConfig) -> dict[str, int]:
+    """A resumed run's TensorBoard writer hides the events a killed run logged after the
+    checkpoint (`SummaryWriter(purge_step=...)`), as the CSV and W&B histories drop them."""
+    if not (config.ckpt_path and config.train):
+        return {}
+    if not str(node.get("_target_", "")).endswith("TensorBoardLogger"):
+        return {}
+    return {"purge_step": int(read_checkpoint(config.ckpt_path)["global_step"]) + 1}
 
 
 def _sweep_group(node: dict[str, Any]) -> dict[str, str]:
