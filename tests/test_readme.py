@@ -104,3 +104,7 @@ def test_readme_command_composes_and_validates(entry, args, tmp_path):
                     cfg[key] = None  # everything else must validate
             del cfg.hydra
         assert isinstance(to_schema(cfg, schema), schema)
+        if name == "train":  # and the run-level checks train.py makes before any work
+            from aiayn.training.run import validate
+
+            validate(cfg)

@@ -89,6 +89,20 @@ def writing(path: str | os.PathLike, needed: int | None = None, kept: str = "") 
         ) from None
 
 
+def replace_text(path: str | os.PathLike, text: str) -> None:
+    """Write `path` through `.<name>.tmp` beside it and a rename: readers (and a process
+    killed mid-write) see the old text or the new, never part of it; a full disk is one
+    `StorageError` and leaves the old text."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with writing(path, len(text.encode())):
+            tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def exit_on_error(function: F) -> F:
     """Run `function`; an `AiaynError` prints `error: <message>` to stderr and exits 1."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, replace_text
 
 WAIT_SECONDS = 600  # for rank 0 to publish its run directory (it may be preparing a venv...)
 
@@ -68,9 +68,7 @@ class Launch:
         pointer = parent / f".{self.kind}-{self.key}"
         if self.rank == 0:
             parent.mkdir(parents=True, exist_ok=True)
-            tmp = pointer.with_name(f"{pointer.name}.tmp")
-            tmp.write_text(claim())
-            tmp.replace(pointer)
+            replace_text(pointer, claim())
         deadline = time.monotonic() + WAIT_SECONDS
         while not pointer.is_file():
             if time.monotonic() > deadline:

@@ -17,6 +17,8 @@ class AttentionMaps(L.Callback):
     saved to `output_dir/step<N>/<kind>_layer<i>.png` (the run's own record) and logged as W&B
     images (`attention/<kind>_layer<i>`) when W&B logs the run."""
 
+    needs_whole_weights = True  # reads or keeps every weight on one process: not fsdp
+
     def __init__(self, output_dir: str, index: int = 0, split: str = "val") -> None:
         self.output_dir, self.index, self.split = Path(output_dir), index, split
 

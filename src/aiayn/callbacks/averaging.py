@@ -28,6 +28,8 @@ class AverageCheckpoints(L.Callback):
     tokenizer like any checkpoint, plus `averaged_from` (the snapshots' steps).
     """
 
+    needs_whole_weights = True  # reads or keeps every weight on one process: not fsdp
+
     def __init__(
         self,
         dirpath: str | None = None,

@@ -24,6 +24,8 @@ from torch import Tensor
 class EMA(L.Callback):
     """See the module docstring. `decay` in [0, 1); 0.999 averages over ~1 000 updates."""
 
+    needs_whole_weights = True  # reads or keeps every weight on one process: not fsdp
+
     def __init__(
         self,
         decay: float = 0.999,

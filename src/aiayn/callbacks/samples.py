@@ -13,6 +13,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 from rich.table import Table
 
+from aiayn.errors import replace_text
+
 COLUMNS = ("step", "source", "reference", "hypothesis")  # of the W&B table
 
 
@@ -85,10 +87,7 @@ class SampleTranslations(L.Callback):
                 continue
             if record["step"] <= step:
                 kept.append(record)
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(self.path)
+        replace_text(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
         for record in kept:
             for logger in loggers:
                 _log_table(logger, record["step"], record["samples"])

@@ -6,12 +6,15 @@ server)."""
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from aiayn.errors import replace_text
 
 
 class CSVLogger(_CSVLogger):
@@ -46,10 +49,9 @@ class CSVLogger(_CSVLogger):
         whole = [r for r in rows[1:] if len(r) == len(header)]  # a row cut by a kill: dropped
         kept = [header] + [r for r in whole if not r[column] or float(r[column]) <= step]
         if len(kept) < len(rows):
-            tmp = path.with_name(f".{path.name}.tmp")
-            with open(tmp, "w", newline="") as file:
-                csv.writer(file).writerows(kept)
-            tmp.replace(path)
+            text = io.StringIO()
+            csv.writer(text).writerows(kept)
+            replace_text(path, text.getvalue())
         return [{k: float(v) for k, v in zip(header, r, strict=True) if v} for r in kept[1:]]
 
 

@@ -9,6 +9,7 @@ samples and attention images are callbacks (`aiayn.callbacks`).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
@@ -69,6 +70,7 @@ class TranslationModule(L.LightningModule):
         self._update_tokens = 0
         self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.bleu = nn.ModuleDict({"val": SacreBLEUScore(), "test": SacreBLEUScore()})
+        self._whole_weights = ExitStack()  # `gathered` for a validation or test (fsdp)
 
     @property
     def translator(self) -> Translator:
@@ -192,10 +194,6 @@ class TranslationModule(L.LightningModule):
         return self._evaluate(batch, "test")
 
     def _evaluate(self, batch: Batch, split: str) -> dict[str, list[str]]:
-        with gathered(self.model):  # decoding calls more than forward (trainer=fsdp)
-            return self._evaluate_whole(batch, split)
-
-    def _evaluate_whole(self, batch: Batch, split: str) -> dict[str, list[str]]:
         _, nll = self.losses(batch)
         self.nll[split].update(nll, weight=batch.tgt_out.ne(self.model_config.pad_id).sum())
         if not self._scores_bleu(split):
@@ -216,10 +214,20 @@ class TranslationModule(L.LightningModule):
     def _scores_bleu(self, split: str) -> bool:
         return split == "test" or self.hparams.val_bleu
 
+    # decoding calls more than forward: under trainer=fsdp every weight is gathered once for
+    # the whole validation or test, not per batch (a model that is not sharded is left alone)
+    def on_validation_epoch_start(self) -> None:
+        self._whole_weights.enter_context(gathered(self.model))
+
+    def on_test_epoch_start(self) -> None:
+        self._whole_weights.enter_context(gathered(self.model))
+
     def on_validation_epoch_end(self) -> None:
+        self._whole_weights.close()
         self._log_epoch("val")
 
     def on_test_epoch_end(self) -> None:
+        self._whole_weights.close()
         self._log_epoch("test")
 
     def _log_epoch(self, split: str) -> None:

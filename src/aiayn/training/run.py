@@ -20,7 +20,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -120,7 +120,7 @@ def _warn_emulated_bf16(trainer: dict[str, Any]) -> None:
     )
 
 
-def build_trainer(config: TrainConfig) -> L.Trainer:
+def build_trainer(config: TrainConfig, resumed_step: int | None = None) -> L.Trainer:
     """Trainer, callbacks and loggers from their configs (bad arguments fail here, before any
     data is read), plus what every run has: RNG state in checkpoints, throughput, atomic
     checkpoint writes."""
@@ -131,7 +131,7 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
     if not show_progress:  # so the flag alone turns it off
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     loggers = [
-        _instantiate(f"logger.{k}", c, **_sweep_group(c), **_purge_after_checkpoint(c, config))
+        _instantiate(f"logger.{k}", c, **_sweep_group(c), **_purge_after(c, resumed_step))
         for k, c in config.logger.items()
         if c
     ]
@@ -144,14 +144,13 @@ def build_trainer(config: TrainConfig) -> L.Trainer:
     )
 
 
-def _purge_after_checkpoint(node: dict[str, Any], config: TrainConfig) -> dict[str, int]:
+def _purge_after(node: dict[str, Any], resumed_step: int | None) -> dict[str, int]:
     """A resumed run's TensorBoard writer hides the events a killed run logged after the
-    checkpoint (`SummaryWriter(purge_step=...)`), as the CSV and W&B histories drop them."""
-    if not (config.ckpt_path and config.train):
+    checkpoint's update (`SummaryWriter(purge_step=...)`), as the CSV and W&B histories drop
+    them."""
+    if resumed_step is None or not str(node.get("_target_", "")).endswith("TensorBoardLogger"):
         return {}
-    if not str(node.get("_target_", "")).endswith("TensorBoardLogger"):
-        return {}
-    return {"purge_step": int(read_checkpoint(config.ckpt_path)["global_step"]) + 1}
+    return {"purge_step": resumed_step + 1}
 
 
 def _sweep_group(node: dict[str, Any]) -> dict[str, str]:
@@ -218,7 +217,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     tidy_library_output()
     config = validate(cfg)
-    trainer = build_trainer(config)
+    resumed = config.train and config.ckpt_path  # training continues from this checkpoint
+    resumed_step = int(read_checkpoint(resumed)["global_step"]) if resumed else None
+    trainer = build_trainer(config, resumed_step)
     loggers = trainer.loggers
     output_dir = Path(config.paths.output_dir)
     failed = True
@@ -228,8 +229,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         _log_run_info(trainer, cfg, summary, module.model_config, datamodule, output_dir)
         metrics: dict[str, Any] = {}
         if config.train:
-            if config.ckpt_path:  # every check passed: the run's history continues
-                _continue_history(trainer, read_checkpoint(config.ckpt_path)["global_step"])
+            if resumed_step is not None:  # every check passed: the run's history continues
+                _continue_history(trainer, resumed_step)
             with _peer_death_named(trainer, output_dir):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
@@ -312,18 +313,16 @@ def _continue_history(trainer: L.Trainer, step: int) -> None:
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
             rows = logger.forget_after(step)
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger):
-            if rows is None:
-                log.warning(
-                    "this W&B run starts at update %d: the history before it is in the earlier "
-                    "attempt's W&B run (a resumed run replays it from csv/metrics.csv, which "
-                    "this run does not have)",
-                    step,
-                )
-            else:
-                replay(logger, rows)
     wandb = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+    if wandb and rows is None:
+        log.warning(
+            "this W&B run starts at update %d: the history before it is in the earlier "
+            "attempt's W&B run (a resumed run replays it from csv/metrics.csv, which this run "
+            "does not have)",
+            step,
+        )
+    for logger in wandb:
+        replay(logger, rows or [])
     for callback in trainer.callbacks:  # the records callbacks keep in the run directory
         if hasattr(callback, "continue_after"):
             callback.continue_after(step, wandb)
@@ -340,7 +339,13 @@ def _check_resumed_tokenizer(ckpt_path: str, tokenizers: Tokenizers) -> None:
         )
 
 
-UNSHARDED_CALLBACKS = ("EMA", "AverageCheckpoints", "AttentionMaps")  # not with trainer=fsdp
+def _needs_whole_weights(target: str) -> bool:
+    """Whether the callback class `target` declares `needs_whole_weights` (a target that does
+    not import is left to instantiation, which names it)."""
+    try:
+        return bool(getattr(get_class(target), "needs_whole_weights", False))
+    except Exception:  # hydra raises several types for a bad _target_
+        return False
 
 
 def _check_callbacks(config: TrainConfig) -> None:
@@ -356,7 +361,7 @@ def _check_callbacks(config: TrainConfig) -> None:
     sharded = isinstance(strategy, dict) and "ModelParallel" in str(strategy.get("_target_"))
     for key, node in config.callbacks.items():
         target = str((node or {}).get("_target_", ""))
-        if sharded and target.rsplit(".", 1)[-1] in UNSHARDED_CALLBACKS:
+        if sharded and _needs_whole_weights(target):
             raise ConfigError(
                 f"callbacks.{key} ({target}) reads or keeps the whole weights on one process, "
                 "which trainer=fsdp does not give it yet; drop it (callbacks=default, and "

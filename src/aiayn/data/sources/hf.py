@@ -56,15 +56,13 @@ class HFSource(Source):
     def _records(self, dataset: Any, split: str, columns: list[str]) -> Iterator[tuple[str, str]]:
         cfg, number = self.cfg, 0
         for rows in dataset.select_columns(columns).iter(batch_size=10_000):
-            records = rows[cfg.parent_field] if cfg.parent_field else None
             for i in range(len(rows[columns[0]])):
+                record = {column: rows[column][i] for column in columns}
                 try:
-                    if records is None:
-                        yield record_fields({k: rows[k][i] for k in columns}, cfg.fields, None)
-                    else:
-                        yield record_fields(records[i], cfg.fields, None)
+                    pair = record_fields(record, cfg.fields, cfg.parent_field)
                 except (KeyError, TypeError) as error:
                     raise DataError(f"{cfg.hf_name!r} {split} record {number}: {error}") from error
+                yield pair
                 number += 1
 
     def _load(self, role: str) -> Any:
