@@ -336,3 +336,15 @@ def test_preparation_is_quiet_off_a_terminal(
 ) -> None:
     prepare(files_cfg())  # pytest's stderr is not a terminal
     assert "encode" not in capfd.readouterr().err
+
+
+def test_some_empty_references_are_counted_in_a_warning(
+    files_cfg: MakeCfg, corpus_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines = (corpus_dir / "test.de").read_text(encoding="utf-8").splitlines()
+    lines[:3] = ["", " ", ""]
+    (corpus_dir / "test.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="aiayn.data.prepare"):
+        prepare(files_cfg())
+    assert f"3 of {SIZES['test']} references are empty" in caplog.text
+    assert "data.test_split=test" in caplog.text and "test.de" in caplog.text

@@ -178,6 +178,10 @@ CORPORA = {
     "misaligned files": ({"train.en": GOOD, "train.de": "x y\n"}, "train"),
     "an empty training file": ({"train.en": "", "train.de": ""}, "train.en"),
     "invalid UTF-8": ({"train.en": GOOD, "train.de": b"ok\n\xff\xfe\n"}, "train.de, line 2"),
+    "empty references": (
+        {"train.en": GOOD, "train.de": GOOD, "val.de": "\n\n"},
+        "every reference (target line) of the val split is empty (data.val_split=val",
+    ),
 }
 
 

@@ -194,6 +194,35 @@ def _encode(
     return {side: (np.concatenate(flats[side]), np.concatenate(lengths[side])) for side in SIDES}
 
 
+def _where(source: Source, role: str) -> str:
+    """` (<its files>)` of a split, for messages ('' for a source without files)."""
+    files = ", ".join(str(f) for f in getattr(source, "files", dict)().get(role, []))
+    return f" ({files})" if files else ""
+
+
+def _check_references(cfg: DataConfig, source: Source, role: str, references: list[str]) -> None:
+    """A val/test split whose target side is all empty is refused (its BLEU would mean
+    nothing); some empty references get a warning with their count."""
+    empty = sum(1 for reference in references if not reference.strip())
+    key = f"data.{role}_split={cfg.split_names[role]}"
+    if empty == len(references):
+        raise DataError(
+            f"every reference (target line) of the {role} split is empty ({key}"
+            f"{_where(source, role)}): BLEU against it means nothing; fix the target file or "
+            f"pick another split with {key.split('=')[0]}=<name>"
+        )
+    if empty:
+        log.warning(
+            "%s split (%s%s): %d of %d references are empty; their sentences can only score "
+            "as misses in BLEU",
+            role,
+            key,
+            _where(source, role),
+            empty,
+            len(references),
+        )
+
+
 def _nonempty(pairs: Iterable[tuple[str, str]]) -> np.ndarray:
     """(N,) bool: the pairs with text on both sides (read through, none kept)."""
     return np.fromiter((bool(s.strip() and t.strip()) for s, t in pairs), bool)
@@ -261,12 +290,12 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
     sizes = {"train": len(nonempty), **{role: len(texts[role][0]) for role in texts}}
     for role, size in sizes.items():
         if not size:
-            files = ", ".join(str(f) for f in getattr(source, "files", dict)().get(role, []))
-            where = f" ({files})" if files else ""
             raise DataError(
-                f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty{where}: "
-                "it needs at least one sentence pair"
+                f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty"
+                f"{_where(source, role)}: it needs at least one sentence pair"
             )
+    for role, (_, references) in texts.items():
+        _check_references(cfg, source, role, references)
     seconds["read"] = time.perf_counter() - start
 
     start = time.perf_counter()
