@@ -239,3 +239,18 @@ def test_a_checkpoint_outside_any_run_directory_is_checked_not_a_traceback(tmp_p
     assert not (tmp_path / "logs" / "train" / "runs").exists() or not any(
         (tmp_path / "logs" / "train" / "runs").glob("*/checkpoints/*")
     )
+
+
+def test_hydra_full_error_still_shows_the_traceback_for_debugging(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "translate.py", f"ckpt_path={tmp_path / 'missing.ckpt'}", "input=-"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        input="hello\n",
+        timeout=120,
+        check=False,
+        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
+    )
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "CheckpointError" in proc.stderr
