@@ -6,6 +6,7 @@ import unicodedata
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -15,6 +16,7 @@ from aiayn.config import to_schema
 from aiayn.data.config import DataConfig
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.dataset import Batch, collate_sources
+from aiayn.data.sampler import BatchPlan
 from aiayn.data.sources import SOURCES
 from aiayn.data.special import BOS, EOS, PAD
 from aiayn.errors import DataError
@@ -33,6 +35,41 @@ def toy_module(tmp_path: Path, **overrides: object) -> TranslationDataModule:
     }
     cfg = to_schema(OmegaConf.merge(OmegaConf.load(CONF_DATA / "toy.yaml"), settings), DataConfig)
     return TranslationDataModule(cfg, seed=5)
+
+
+def test_batch_plans_are_built_at_prepare_and_memory_mapped(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    """prepare saves every split's plan for data.max_tokens in the cache; the samplers map it
+    (no per-pair array in a rank's memory); another budget gets its own plan on first use;
+    where the plan cannot be saved (disk full) it stays in memory with a warning."""
+    dm = toy_module(tmp_path)
+    dm.prepare_data()
+    plans = sorted(p.name for p in dm.cache_path.glob("*.plan-*"))
+    assert plans == sorted(
+        f"{role}.plan-300.{part}"
+        for role in ("train", "val", "test")
+        for part in ("order.npy", "bounds.npy", "json")
+    )
+    dm.setup("fit")
+    sampler = dm.train_dataloader().batch_sampler
+    assert isinstance(sampler.plan.order, np.memmap)
+    assert sorted(i for batch in sampler for i in batch) == list(range(400))
+
+    other = toy_module(tmp_path, max_tokens=600)
+    other.setup("fit")  # prepared cache (max_tokens is not in its key), a new budget's plan
+    assert (other.cache_path / "train.plan-600.json").is_file()
+    assert len(list(other.train_dataloader())) < len(list(dm.train_dataloader()))
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(BatchPlan, "save", disk_full)
+    third = toy_module(tmp_path, max_tokens=900)
+    third.setup("fit")
+    batches = list(third.train_dataloader())
+    assert sorted(i for batch in batches for i in batch.ids.tolist()) == list(range(400))
+    assert "could not save the batch plan train.plan-900" in caplog.text
 
 
 @pytest.mark.parametrize("name", list(SOURCES))

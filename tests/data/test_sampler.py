@@ -1,11 +1,12 @@
-"""TokenBatchSampler: token budget, equal DDP shards, determinism, exact resume."""
+"""BatchPlan and TokenBatchSampler: token budget, equal DDP shards, determinism, exact resume,
+memory-mapped plans."""
 
-from itertools import islice
+from itertools import islice, pairwise
 
 import numpy as np
 import pytest
 
-from aiayn.data.sampler import TokenBatchSampler
+from aiayn.data.sampler import BatchPlan, TokenBatchSampler
 from aiayn.errors import DataError
 
 RNG = np.random.default_rng(0)
@@ -14,10 +15,9 @@ TGT = np.clip(SRC + RNG.integers(-5, 6, size=2000), 1, None)
 WIDTH = np.maximum(SRC, TGT) + 1
 
 
-def make(**kwargs: object) -> TokenBatchSampler:
-    settings: dict[str, object] = {"max_tokens": 512, "shuffle": True, "seed": 3}
-    settings.update(kwargs)
-    return TokenBatchSampler(SRC, TGT, **settings)  # type: ignore[arg-type]
+def make(max_tokens: int = 512, shuffle: bool = True, seed: int = 3, **kwargs: int):
+    plan = BatchPlan.build(SRC, TGT, max_tokens, shuffle)
+    return TokenBatchSampler(plan, shuffle, seed, **kwargs)
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -45,20 +45,60 @@ def test_shards_are_equal_and_cover_everything() -> None:
 
 def test_fewer_examples_than_ranks_repeat() -> None:
     shards = [
-        list(TokenBatchSampler([3, 4], [5, 2], 64, False, rank=r, world_size=3)) for r in range(3)
+        list(TokenBatchSampler(BatchPlan.build([3, 4], [5, 2], 64, False), False, 0, r, 3))
+        for r in range(3)
     ]
     assert [len(shard) for shard in shards] == [1, 1, 1]
     assert {i for shard in shards for b in shard for i in b} == {0, 1}
 
 
 def test_deterministic_per_epoch_and_shuffled_between_epochs() -> None:
+    """Each epoch has the same batches (the plan) in its own order, a function of the seed."""
     a, b = make(), make()
     assert list(a) == list(b)
     first = list(a)
     a.set_epoch(1)
-    assert list(a) != first
+    second = list(a)
+    assert second != first
+    assert sorted(second) == sorted(first)
     assert list(make(seed=4)) != first
     assert list(make(shuffle=False)) == list(make(shuffle=False, seed=9))
+
+
+def test_plan_sorts_by_width_then_shape_with_ties_shuffled_only_for_training() -> None:
+    for shuffle in (True, False):
+        plan = BatchPlan.build(SRC, TGT, 512, shuffle)
+        order = np.asarray(plan.order)
+        key = np.stack([WIDTH[order], SRC[order] - TGT[order]], axis=1)
+        assert (np.diff(key[:, 0]) >= 0).all()
+        same_width = np.diff(key[:, 0]) == 0
+        assert (np.diff(key[:, 1])[same_width] >= 0).all()
+        ties = same_width & (np.diff(key[:, 1]) == 0)
+        ascending = (np.diff(order)[ties] > 0).mean()
+        assert ascending == 1.0 if not shuffle else 0.3 < ascending < 0.7
+    assert plan.bounds[0] == 0 and plan.bounds[-1] == len(SRC)
+
+
+def test_padding_efficiency_counts_real_over_padded_slots() -> None:
+    plan = BatchPlan.build([1, 3, 2], [2, 1, 4], max_tokens=10, shuffle=False)
+    batches = [np.asarray(plan.order[a:b]) for a, b in pairwise(plan.bounds)]
+    assert [b.tolist() for b in batches] == [[0, 1], [2]]  # widths 3, 4 | 5 (3 x 5 > 10)
+    real = (1 + 1) + (3 + 1) + (2 + 1) + (2 + 1) + (1 + 1) + (4 + 1)
+    padded = 2 * (4 + 3) + 1 * (3 + 5)  # (widest src + widest tgt) x rows
+    assert plan.padding_efficiency == pytest.approx(real / padded)
+
+
+def test_a_saved_plan_loads_memory_mapped_and_equal(tmp_path) -> None:
+    plan = BatchPlan.build(SRC, TGT, 512, True)
+    plan.save(tmp_path, "train.plan-512")
+    loaded = BatchPlan.load(tmp_path, "train.plan-512")
+    assert isinstance(loaded.order, np.memmap) and isinstance(loaded.bounds, np.memmap)
+    assert (loaded.order == plan.order).all() and (loaded.bounds == plan.bounds).all()
+    assert loaded.padding_efficiency == plan.padding_efficiency
+    assert BatchPlan.load(tmp_path, "train.plan-1024") is None
+    sampler = TokenBatchSampler(loaded, True, 3)
+    assert list(sampler) == list(make())
+    assert sampler.ranges.nbytes == 16 * len(sampler)  # O(batches) in memory, not O(pairs)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -118,14 +158,15 @@ def _greedy(widths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[list
 def test_token_batches_cut_as_the_greedy_rule_does(seed: int) -> None:
     """The binary-search cut equals the greedy rule applied one example at a time, including
     examples wider than the budget and runs of equal widths."""
-    from aiayn.data.sampler import token_batches
+    from aiayn.data.sampler import token_bounds
 
     rng = np.random.default_rng(seed)
     widths = rng.integers(1, 80, size=int(rng.integers(1, 400)))
     order = rng.permutation(len(widths))
     order = order[np.argsort(widths[order], kind="stable")]
     max_tokens = int(rng.choice([16, 64, 100, 257, 1000]))
-    got = [batch.tolist() for batch in token_batches(widths, order, max_tokens)]
+    bounds = token_bounds(widths[order], max_tokens)
+    got = [order[a:b].tolist() for a, b in pairwise(bounds)]
     assert got == _greedy(widths, order, max_tokens)
     with pytest.raises(ValueError, match="ascending"):
-        token_batches(np.array([3, 1]), np.array([0, 1]), 10)
+        token_bounds(np.array([3, 1]), 10)

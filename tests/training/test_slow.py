@@ -35,11 +35,9 @@ def _max_diff(a: dict, b: dict) -> float:
 
 def _epoch_batches(cache, max_tokens: int) -> int:
     from aiayn.data.dataset import SplitDataset
-    from aiayn.data.sampler import TokenBatchSampler
 
     (split_dir,) = cache.glob("toy-en-de-*")
-    data = SplitDataset(split_dir, "train")
-    return len(TokenBatchSampler(data.src_lengths, data.tgt_lengths, max_tokens, True))
+    return len(SplitDataset(split_dir, "train").batch_plan(max_tokens))
 
 
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_end", "validation", "ddp"])
@@ -251,10 +249,9 @@ def _assert_same_batches_for_one_and_two_ranks(cache):
     from aiayn.data.sampler import TokenBatchSampler
 
     (split_dir,) = cache.glob("toy-en-de-*")
-    data = SplitDataset(split_dir, "train")
-    lengths = (data.src_lengths, data.tgt_lengths)
-    single = TokenBatchSampler(*lengths, 512, True, seed=1234, rank=0, world_size=1)
-    ranks = [TokenBatchSampler(*lengths, 512, True, 1234, r, 2) for r in (0, 1)]
+    plan = SplitDataset(split_dir, "train").batch_plan(512)
+    single = TokenBatchSampler(plan, True, seed=1234, rank=0, world_size=1)
+    ranks = [TokenBatchSampler(plan, True, 1234, r, 2) for r in (0, 1)]
     interleaved = [b for pair in zip(*ranks, strict=True) for b in pair]
     assert list(single) == interleaved
 

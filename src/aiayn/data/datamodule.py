@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.dataset import SplitDataset, collate
 from aiayn.data.prepare import cache_path, load_manifest, prepare
-from aiayn.data.sampler import TokenBatchSampler, padding_efficiency
+from aiayn.data.sampler import TokenBatchSampler
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import DataError
 
@@ -38,7 +38,6 @@ class TranslationDataModule(L.LightningDataModule):
         self._datasets: dict[str, SplitDataset] = {}
         self._texts: dict[str, list[dict[str, str]]] = {}
         self._train_sampler: TokenBatchSampler | None = None
-        self._spare_sampler: TokenBatchSampler | None = None  # setup's, until training takes it
         self._sampler_state: dict[str, int] | None = None
 
     @property
@@ -61,20 +60,17 @@ class TranslationDataModule(L.LightningDataModule):
         self._cache_path = prepare(self.cfg)
 
     def setup(self, stage: str | None = None) -> None:
-        """Memory-map every split; compute the train batches' padding efficiency."""
+        """Memory-map every split and its batch plan; report the train batches' padding
+        efficiency."""
         for role in ROLES:
             if role not in self._datasets:
                 self._datasets[role] = SplitDataset(self.cache_path, role)
         if self.padding_efficiency is None and stage in (None, "fit"):
             train = self._datasets["train"]
-            # this process's own sampler, which training then takes (one copy of the epoch)
-            sampler = self._spare_sampler = self._sampler("train", *self._rank_world())
-            batches = sampler.epoch_batches()
-            self.padding_efficiency = padding_efficiency(
-                batches, train.src_lengths, train.tgt_lengths
-            )
+            plan = train.batch_plan(self.cfg.max_tokens)
+            self.padding_efficiency = plan.padding_efficiency
             rank_zero_info(
-                f"data: {self.cache_path.name}: {len(train)} train pairs in {len(batches)} "
+                f"data: {self.cache_path.name}: {len(train)} train pairs in {len(plan)} "
                 f"batches of <= {self.cfg.max_tokens} tokens, padding efficiency "
                 f"{self.padding_efficiency:.3f}"
             )
@@ -101,25 +97,16 @@ class TranslationDataModule(L.LightningDataModule):
     def _sampler(self, role: str, rank: int, world_size: int) -> TokenBatchSampler:
         if role not in self._datasets:
             self.setup()
-        data = self._datasets[role]
+        plan = self._datasets[role].batch_plan(self.cfg.max_tokens)
         return TokenBatchSampler(
-            data.src_lengths,
-            data.tgt_lengths,
-            self.cfg.max_tokens,
-            shuffle=role == "train",
-            seed=self.seed,
-            rank=rank,
-            world_size=world_size,
+            plan, shuffle=role == "train", seed=self.seed, rank=rank, world_size=world_size
         )
 
     def _train_batch_sampler(self) -> TokenBatchSampler:
         rank, world_size = self._rank_world()
         sampler = self._train_sampler
         if sampler is None or (sampler.rank, sampler.world_size) != (rank, world_size):
-            spare, self._spare_sampler = self._spare_sampler, None
-            if spare is None or (spare.rank, spare.world_size) != (rank, world_size):
-                spare = self._sampler("train", rank, world_size)
-            sampler = self._train_sampler = spare
+            sampler = self._train_sampler = self._sampler("train", rank, world_size)
         if self._sampler_state is not None:
             sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None

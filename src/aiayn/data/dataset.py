@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from aiayn.data.sampler import BatchPlan
 from aiayn.data.special import BOS, EOS, PAD
+
+log = logging.getLogger(__name__)
 
 Item = tuple[int, np.ndarray, np.ndarray]  # (example id, source ids, target ids), no specials
 
@@ -74,19 +78,22 @@ def collate(items: Sequence[Item]) -> Batch:
     )
 
 
+def plan_name(role: str, max_tokens: int) -> str:
+    """The cache's file stem for a split's batch plan (`BatchPlan.save`)."""
+    return f"{role}.plan-{max_tokens}"
+
+
 class SplitDataset(Dataset):
     """One split of the cache: item i = (i, source ids, target ids) read from memory maps.
 
     The maps are opened lazily in each process (pickling for workers sends only the paths).
+    Nothing per example is held in memory: lengths come from the offsets when asked for.
     """
 
     def __init__(self, directory: Path, role: str) -> None:
         self.directory, self.role = Path(directory), role
         self._arrays: dict[str, np.ndarray] | None = None
-        offsets = {side: self._load(f"{side}.offsets") for side in ("src", "tgt")}
-        # (N,) int32 tokens, no specials: per-example arrays are what grows with the corpus
-        self.src_lengths: np.ndarray = np.diff(offsets["src"]).astype(np.int32)
-        self.tgt_lengths: np.ndarray = np.diff(offsets["tgt"]).astype(np.int32)
+        self._len = len(self._load("src.offsets")) - 1
 
     def _load(self, name: str) -> np.ndarray:
         return np.load(self.directory / f"{self.role}.{name}.npy", mmap_mode="r")
@@ -102,10 +109,38 @@ class SplitDataset(Dataset):
         return {**self.__dict__, "_arrays": None}
 
     def __len__(self) -> int:
-        return len(self.src_lengths)
+        return self._len
 
     def __getitem__(self, i: int) -> Item:
         a = self.arrays
         src = a["src.tokens"][a["src.offsets"][i] : a["src.offsets"][i + 1]]
         tgt = a["tgt.tokens"][a["tgt.offsets"][i] : a["tgt.offsets"][i + 1]]
         return int(i), src, tgt
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """((N,), (N,)) int32 source and target lengths without specials (computed, O(N))."""
+        src, tgt = (np.diff(self._load(f"{side}.offsets")) for side in ("src", "tgt"))
+        return src.astype(np.int32), tgt.astype(np.int32)
+
+    def batch_plan(self, max_tokens: int) -> BatchPlan:
+        """This split's batches of <= max_tokens (equal-shape examples in a seeded random
+        order for train, by index for val/test), memory-mapped from the cache; built and saved
+        there on first use (prepare builds data.max_tokens's). Where the cache cannot be
+        written, the plan is kept in memory with a warning."""
+        name = plan_name(self.role, max_tokens)
+        plan = BatchPlan.load(self.directory, name)
+        if plan is None:
+            plan = BatchPlan.build(*self.lengths(), max_tokens, shuffle=self.role == "train")
+            try:
+                plan.save(self.directory, name)
+            except OSError as error:
+                log.warning(
+                    "could not save the batch plan %s in %s (%s): it stays in this "
+                    "process's memory, which then grows with the corpus",
+                    name,
+                    self.directory,
+                    error,
+                )
+            else:
+                plan = BatchPlan.load(self.directory, name) or plan
+        return plan

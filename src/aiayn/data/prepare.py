@@ -12,6 +12,10 @@ settings (max_tokens, num_workers) are not part of it. Contents, per role train/
                            (val and test only: BLEU and samples read it, training does not)
     tokenizer.json (joint) or tokenizer.src.json + tokenizer.tgt.json
     manifest.json          settings, counts, filtered counts, timings; written last
+    {role}.plan-{max_tokens}.{order,bounds}.npy + .json
+                           the split's batches at that budget (`BatchPlan`), built for
+                           data.max_tokens once the cache is whole, for another budget on
+                           first use; memory-mapped by every rank
 
 The train split is streamed from the source three times (a scan for empty pairs, the
 tokenizer's training, twice for separate tokenizers, and the encoding, ENCODE_CHUNK pairs at
@@ -52,6 +56,7 @@ from omegaconf import DictConfig
 from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
 from aiayn.console import Advance, Stages, progress, set_progress
 from aiayn.data.config import ROLES, DataConfig
+from aiayn.data.dataset import SplitDataset, plan_name
 from aiayn.data.sources import Source, get_source
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
@@ -101,17 +106,23 @@ def load_manifest(path: Path) -> dict | None:
 
 
 def prepare(cfg: DataConfig) -> Path:
-    """Build the cache for cfg unless a complete one exists; return its path. Idempotent."""
+    """Build the cache for cfg unless a complete one exists, and its splits' batch plans for
+    cfg.max_tokens unless they exist; return its path. Idempotent."""
     path = cache_path(cfg)
-    if load_manifest(path) is not None:
+    if load_manifest(path) is not None and _plans_saved(path, cfg.max_tokens):
         log.debug("data cache hit: %s", path)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with _only_one_preparing(path):
-        if load_manifest(path) is not None:
-            log.info("data cache %s: prepared by another process while this one waited", path)
-            return path
-        return _build_into(cfg, path)
+        if load_manifest(path) is None:
+            _build_into(cfg, path)
+        for role in ROLES:  # each a no-op where another process saved it while this one waited
+            SplitDataset(path, role).batch_plan(cfg.max_tokens)
+    return path
+
+
+def _plans_saved(path: Path, max_tokens: int) -> bool:
+    return all((path / f"{plan_name(role, max_tokens)}.json").is_file() for role in ROLES)
 
 
 @contextmanager

@@ -2,39 +2,50 @@
 
 Batching: an example's width is max(len(x) + 1, len(y) + 1) (x + EOS, BOS + y). Examples are
 sorted by (width, len(x) - len(y)), so a batch holds pairs of equal width and similar shape
-(ties in a random order for training), and cut greedily so that batch_size * max(width) <=
-max_tokens. On Multi30k at 4096 tokens the padding efficiency (real tokens / padded slots,
-both sides) is about 0.96. Training shuffles the order of the batches every epoch; evaluation
-keeps them in sorted order. Everything is a pure function of (seed, epoch, rank, world_size),
-and the number of batches never changes between epochs.
+(ties in a seeded random order for training, in index order for evaluation), and cut greedily
+so that batch_size * max(width) <= max_tokens. On Multi30k at 4096 tokens the padding
+efficiency (real tokens / padded slots, both sides) is about 0.96.
+
+The batches are a `BatchPlan`, built once per split and max_tokens and memory-mapped from the
+data cache (as fairseq fixes its batches once): a rank holds O(batches) in memory, never
+O(examples), so its memory does not grow with the corpus. Training shuffles the order of the
+batches every epoch (seeded by (seed, epoch)); evaluation keeps them in sorted order.
+Everything is a pure function of (plan, seed, epoch, rank, world_size).
 
 Sharding: while the number of batches is not a multiple of world_size, the batch with the most
-examples is split in two (before shuffling, so it is the same split every epoch); rank r then
-takes batches r, r + world_size, ... Every rank gets the same number of batches and no example
-is dropped or repeated (only with fewer examples than ranks are batches repeated).
+examples is split in two (the same split every epoch); rank r then takes batches r,
+r + world_size, ... of the epoch's order. Every rank gets the same number of batches and no
+example is dropped or repeated (only with fewer examples than ranks are batches repeated).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
+import logging
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from aiayn.errors import DataError
 
+log = logging.getLogger(__name__)
+TIES_SEED = 0  # the order of equal-shape training examples inside the plan (fixed per cache)
 
-def token_batches(widths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Cut `order` (indices into widths, by non-decreasing width) greedily into batches of
-    padded size <= max_tokens (a single example wider than max_tokens still gets a batch of
+
+def token_bounds(widths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """(B + 1,) int64 batch boundaries cutting `widths` (non-decreasing) greedily into batches
+    of padded size <= max_tokens (a single example wider than max_tokens still gets a batch of
     its own). The widest example of a batch is its last, so each batch's end is a binary
-    search: a WMT-size epoch (4.5M pairs) is cut in a fraction of a second."""
-    ordered = widths[order]
-    if (np.diff(ordered) < 0).any():
-        raise ValueError("token_batches needs `order` to sort the widths in ascending order")
-    ordered = ordered.tolist()  # Python ints: the search below reads them one at a time
-    ends, start, n = [], 0, len(ordered)
+    search: a WMT-size split (4.5M pairs) is cut in a fraction of a second."""
+    if (np.diff(widths) < 0).any():
+        raise ValueError("token_bounds needs the widths in ascending order")
+    ordered = widths.tolist()  # Python ints: the search below reads them one at a time
+    ends, start, n = [0], 0, len(ordered)
     while start < n:
         room = min(n, start + max_tokens // max(ordered[start], 1) + 1)  # no batch holds more
         count = bisect.bisect_right(
@@ -42,51 +53,105 @@ def token_batches(widths: np.ndarray, order: np.ndarray, max_tokens: int) -> lis
         )
         start += max(count, 1)
         ends.append(start)
-    return np.split(order, ends[:-1])
+    return np.array(ends, dtype=np.int64)
 
 
-def split_to_multiple(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
-    """Split the largest batches in two until len(batches) is a multiple of world_size."""
-    batches = list(batches)
-    while len(batches) % world_size:
-        i = max(range(len(batches)), key=lambda k: len(batches[k]))
-        if len(batches[i]) < 2:
-            return [
-                batches[k % len(batches)]
-                for k in range(-(-len(batches) // world_size) * world_size)
-            ]
-        half = len(batches[i]) // 2
-        batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
-    return batches
+@dataclass(frozen=True)
+class BatchPlan:
+    """A split's batches: batch b is `order[bounds[b]:bounds[b + 1]]`.
+
+    order (N,) int32|int64: example indices sorted by (width, shape); bounds (B + 1,) int64.
+    Loaded from the cache both are memory maps: only the pages of the batches read are ever
+    resident.
+    """
+
+    order: np.ndarray
+    bounds: np.ndarray
+    padding_efficiency: float
+
+    @classmethod
+    def build(
+        cls, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, shuffle: bool
+    ) -> BatchPlan:
+        """Sort and cut (src_lengths, tgt_lengths: (N,) token counts without specials);
+        equal-shape examples in a seeded random order when `shuffle`, else by index."""
+        src, tgt = np.asarray(src_lengths), np.asarray(tgt_lengths)
+        widths = np.maximum(src, tgt) + 1
+        n = len(widths)
+        index = np.int32 if n < 2**31 else np.int64  # the plan holds N of them
+        rng = np.random.default_rng(TIES_SEED)
+        order = (rng.permutation(n) if shuffle else np.arange(n)).astype(index)
+        order = order[np.lexsort((src[order] - tgt[order], widths[order]))]
+        bounds = token_bounds(widths[order], max_tokens)
+        return cls(order, bounds, _padding_efficiency(src[order], tgt[order], bounds))
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def save(self, directory: Path, name: str) -> None:
+        """Write `{name}.order.npy`, `{name}.bounds.npy` and `{name}.json` (last: a plan is
+        whole once its json exists). Every writer writes the same bytes, and each file
+        appears by rename, so processes racing to save one plan do no harm."""
+        for part, array in (("order", self.order), ("bounds", self.bounds)):
+            tmp = directory / f".{name}.{part}.{os.getpid()}.npy"
+            np.save(tmp, array)
+            os.replace(tmp, directory / f"{name}.{part}.npy")
+        tmp = directory / f".{name}.{os.getpid()}.json"
+        tmp.write_text(json.dumps({"padding_efficiency": self.padding_efficiency}))
+        os.replace(tmp, directory / f"{name}.json")
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> BatchPlan | None:
+        """The plan saved under `name` in `directory`, memory-mapped; None if there is none."""
+        try:
+            meta = json.loads((directory / f"{name}.json").read_text())
+            order, bounds = (
+                np.load(directory / f"{name}.{part}.npy", mmap_mode="r")
+                for part in ("order", "bounds")
+            )
+        except (OSError, ValueError):
+            return None
+        return cls(order, bounds, float(meta["padding_efficiency"]))
 
 
-def padding_efficiency(
-    batches: list[np.ndarray], src_len: np.ndarray, tgt_len: np.ndarray
-) -> float:
-    """Real tokens / padded slots over both sides of all batches (lengths without specials)."""
-    if not batches:
+def _padding_efficiency(src: np.ndarray, tgt: np.ndarray, bounds: np.ndarray) -> float:
+    """Real tokens / padded slots over both sides of all batches (src, tgt: lengths without
+    specials in plan order)."""
+    if len(bounds) < 2:
         return 0.0
-    members = np.concatenate(batches)
-    sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-    starts = np.cumsum(sizes) - sizes
-    s, t = src_len[members] + 1, tgt_len[members] + 1
+    starts, sizes = bounds[:-1], np.diff(bounds)
+    s, t = src.astype(np.int64) + 1, tgt.astype(np.int64) + 1
     widest = np.maximum.reduceat(s, starts) + np.maximum.reduceat(t, starts)
     return int(s.sum() + t.sum()) / max(int((sizes * widest).sum()), 1)
+
+
+def split_to_multiple(ranges: np.ndarray, world_size: int) -> np.ndarray:
+    """(B', 2) [start, end) ranges: the largest of `ranges` (B, 2) split in two until B' is a
+    multiple of world_size (with fewer examples than ranks, ranges repeat instead)."""
+    ranges = ranges.copy()
+    while len(ranges) % world_size:
+        sizes = ranges[:, 1] - ranges[:, 0]
+        i = int(np.argmax(sizes))
+        if sizes[i] < 2:
+            total = -(-len(ranges) // world_size) * world_size
+            return ranges[np.arange(total) % len(ranges)]
+        start, end = ranges[i]
+        half = start + (end - start) // 2
+        ranges = np.concatenate([ranges[:i], [[start, half], [half, end]], ranges[i + 1 :]])
+    return ranges
 
 
 class TokenBatchSampler(Sampler[list[int]]):
     """Yields lists of example indices for one rank (see the module docstring).
 
-    src_lengths, tgt_lengths: (N,) token counts without specials. `state_dict()` holds the
-    epoch and how many batches this rank has yielded in it; after `load_state_dict` the next
-    iteration yields exactly the rest of that epoch.
+    Holds the plan's memory maps and the epoch's (B, 2) batch ranges. `state_dict()` holds
+    the epoch and how many batches this rank has yielded in it; after `load_state_dict` the
+    next iteration yields exactly the rest of that epoch.
     """
 
     def __init__(
         self,
-        src_lengths: np.ndarray,
-        tgt_lengths: np.ndarray,
-        max_tokens: int,
+        plan: BatchPlan,
         shuffle: bool,
         seed: int = 0,
         rank: int = 0,
@@ -94,39 +159,21 @@ class TokenBatchSampler(Sampler[list[int]]):
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-        self.widths = np.maximum(self.src_lengths, self.tgt_lengths) + 1
-        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        self.plan, self.shuffle, self.seed = plan, shuffle, seed
         self.rank, self.world_size = rank, world_size
+        bounds = np.asarray(plan.bounds)
+        self.ranges = split_to_multiple(np.stack([bounds[:-1], bounds[1:]], axis=1), world_size)
         self.epoch = 0
         self.position = 0  # batches yielded in the current epoch
         self._resume_at = 0
-        self._cached: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
-        self._num_batches = len(self.epoch_batches())
 
-    def epoch_batches(self) -> list[np.ndarray]:
-        """All batches of the current epoch, in order, before sharding (a multiple of
-        world_size of them); computed once per epoch (seconds on a WMT-size corpus)."""
-        if self._cached is None or self._cached[0] != self.epoch:
-            self._cached = (self.epoch, self._compute_epoch_batches())
-        return self._cached[1]
-
-    def _compute_epoch_batches(self) -> list[np.ndarray]:
+    def epoch_ranges(self) -> np.ndarray:
+        """(B, 2) [start, end) into `plan.order` of all batches of the current epoch, in
+        order, before sharding (a multiple of world_size of them)."""
+        if not self.shuffle:
+            return self.ranges
         rng = np.random.default_rng([self.seed, self.epoch])
-        n = len(self.widths)
-        index = np.int32 if n < 2**31 else np.int64  # the batches hold N of them
-        order = (rng.permutation(n) if self.shuffle else np.arange(n)).astype(index)
-        shape = self.src_lengths[order] - self.tgt_lengths[order]
-        order = order[np.lexsort((shape, self.widths[order]))]
-        batches = split_to_multiple(
-            token_batches(self.widths, order, self.max_tokens), self.world_size
-        )
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
-
-    def _rank_batches(self) -> list[np.ndarray]:
-        return self.epoch_batches()[self.rank :: self.world_size]
+        return self.ranges[rng.permutation(len(self.ranges))]
 
     @property
     def sampler(self) -> TokenBatchSampler:
@@ -135,14 +182,14 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Batches per rank per epoch (the same on every rank and in every epoch)."""
-        return self._num_batches // self.world_size
+        return len(self.ranges) // self.world_size
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self._resume_at = self._resume_at, 0
         self.position = start
-        for batch in self._rank_batches()[start:]:
+        for begin, end in self.epoch_ranges()[self.rank :: self.world_size][start:].tolist():
             self.position += 1
-            yield batch.tolist()
+            yield self.plan.order[begin:end].tolist()
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a resumed position is kept only for the same epoch."""
