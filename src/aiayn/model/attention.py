@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.model.cache import LayerCache
+from aiayn.model.linear import Linear
 from aiayn.model.masks import causal_mask
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def _projection(d_model: int, heads: _Heads, n: int, shared: bool) -> nn.Module:
     """``n`` fused projections ``D -> A``: a Linear, or per-head shared matrices."""
     if shared:
         return SharedHeadProjection(heads.num_heads, heads.head_dim, n)
-    return nn.Linear(d_model, n * heads.width)
+    return Linear(d_model, n * heads.width)
 
 
 class _Heads(nn.Module):
@@ -95,7 +96,7 @@ class _Heads(nn.Module):
         self.head_dim = head_dim or d_model // num_heads
         self.width = num_heads * self.head_dim  # A
         self.dropout = dropout
-        self.out_proj = nn.Linear(self.width, d_model)
+        self.out_proj = Linear(self.width, d_model)
         self.record: list[Tensor] | None = None
 
     def split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.model.linear import Linear, linear
+
 
 class TokenEmbedding(nn.Module):
     """``tokens (B, L)`` -> ``(B, L, d_model)``; ``weight (V, e)`` may be tied elsewhere."""
@@ -33,7 +35,7 @@ class TokenEmbedding(nn.Module):
         width = d_embed if d_embed is not None else d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
         factorized = d_embed is not None
-        self.proj = nn.Linear(width, d_model, bias=proj_bias) if factorized else None
+        self.proj = Linear(width, d_model, bias=proj_bias) if factorized else None
         after = scale and factorized and scale_after_proj
         # E * sqrt(e) (then projected), or projected then * sqrt(d_model) (seed 002)
         self.scale = math.sqrt(width) if scale and not after else 1.0
@@ -138,7 +140,7 @@ class OutputProjection(nn.Module):
     ) -> None:
         super().__init__()
         width = d_embed if d_embed is not None else d_model
-        self.proj = nn.Linear(d_model, width, bias=False) if d_embed is not None else None
+        self.proj = Linear(d_model, width, bias=False) if d_embed is not None else None
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
@@ -150,4 +152,4 @@ class OutputProjection(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.proj is not None:
             x = self.proj(x)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

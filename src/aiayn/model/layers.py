@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention
 from aiayn.model.cache import LayerCache
 from aiayn.model.config import ModelConfig
+from aiayn.model.linear import Linear
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
@@ -45,8 +46,8 @@ class FeedForward(nn.Module):
         self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0
     ) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = Linear(d_model, d_ff)
+        self.linear2 = Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 

@@ -1,0 +1,90 @@
+"""Linear layers whose float32 CPU products run on oneDNN.
+
+torch sends CPU matrix products (``F.linear``, ``@``) to MKL, which on AMD CPUs takes its AVX2
+code path even where the CPU has AVX-512. On the 2-core AMD EPYC (AVX-512) of
+``benchmarks/README.md`` a float32 2048^3 product runs at 218 GFLOP/s in MKL and at 476 in
+oneDNN (which torch also ships), the CPU's theoretical peak, with float32 accuracy either way.
+``linear`` sends float32 CPU products to oneDNN (``torch.ops.mkldnn._linear_pointwise``, in
+the forward pass and for both products of the backward pass) and everything else to
+``F.linear``: GPUs, other dtypes and autocast (bf16-mixed), ``torch.compile`` (inductor picks
+its own kernels), tensor subclasses such as FSDP's DTensor, and empty inputs.
+``AIAYN_ONEDNN=0``, or torch's ``torch.backends.mkldnn.flags(enabled=False)``, sends everything
+to ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ENABLED = os.environ.get("AIAYN_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
+# and torch's own switch, `torch.backends.mkldnn.flags(enabled=False)`, is read at each call
+
+
+def _product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x (M, K) @ weight (N, K).T + bias (N,)`` -> ``(M, N)`` on oneDNN (strided views
+    allowed)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _product(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad2, x2 = grad.reshape(-1, grad.size(-1)), x.reshape(-1, x.size(-1))
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # grad @ weight
+            grad_x = _product(grad2, weight.t()).view(x.shape)
+        if ctx.needs_input_grad[1]:  # grad.T @ x, (N, K); oneDNN is fastest writing N < K
+            N, K = weight.shape
+            if N > K:
+                grad_w = _product(x2.t(), grad2.t()).t().contiguous()
+            else:
+                grad_w = _product(grad2.t(), x2.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad2.sum(dim=0)
+        return grad_x, grad_w, grad_b
+
+
+def _onednn(x: Tensor, weight: Tensor) -> bool:
+    return (
+        ENABLED
+        and torch.backends.mkldnn.enabled
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and type(x) is torch.Tensor
+        and type(weight) in (torch.Tensor, nn.Parameter)
+        and x.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear``: ``x (..., K)``, ``weight (N, K)``, ``bias (N,)`` -> ``(..., N)``, with
+    float32 CPU products on oneDNN (see the module docstring)."""
+    if not _onednn(x, weight):
+        return F.linear(x, weight, bias)
+    grads = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if grads:
+        return _OneDNNLinear.apply(x, weight, bias)
+    return _product(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], -1)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) computed by `linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)

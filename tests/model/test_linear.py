@@ -1,0 +1,92 @@
+"""`aiayn.model.linear`: float32 CPU products on oneDNN equal `F.linear` (forward and every
+gradient, in float64 as the reference), and everything it must not take goes to `F.linear`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.model import linear as module
+from aiayn.model.linear import Linear, linear
+
+pytestmark = pytest.mark.skipif(not module.ENABLED, reason="this torch has no oneDNN")
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shapes of the products that went to oneDNN."""
+    seen: list[tuple[int, ...]] = []
+    product = module._product
+
+    def counted(x, weight, bias=None):
+        seen.append((*x.shape, weight.size(0)))
+        return product(x, weight, bias)
+
+    monkeypatch.setattr(module, "_product", counted)
+    return seen
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(("in_features", "out_features"), [(16, 40), (40, 16)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_forward_and_gradients_equal_f_linear(
+    bias: bool, in_features: int, out_features: int, contiguous: bool, calls: list
+) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, in_features) if contiguous else torch.randn(7, 3, in_features)
+    x = (x if contiguous else x.transpose(0, 1)).requires_grad_()
+    weight = torch.randn(out_features, in_features, requires_grad=True)
+    b = torch.randn(out_features, requires_grad=True) if bias else None
+    grad = torch.randn(3, 7, out_features)
+    out = linear(x, weight, b)
+    out.backward(grad)
+    assert len(calls) == 3  # the forward product and both backward products
+    ref_x, ref_w = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    ref_b = b.detach().double().requires_grad_() if bias else None
+    ref = F.linear(ref_x, ref_w, ref_b)
+    ref.backward(grad.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), ref_w.grad, rtol=1e-5, atol=1e-5)
+    assert weight.grad.is_contiguous()
+    if bias:
+        torch.testing.assert_close(b.grad.double(), ref_b.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tied_weight_sums_its_gradients(calls: list) -> None:
+    """The output layer shares the embedding's weight: both uses' gradients add up."""
+    torch.manual_seed(0)
+    weight = torch.randn(11, 8, requires_grad=True)
+    tokens = torch.tensor([[1, 4, 9]])
+    (linear(F.embedding(tokens, weight), weight) ** 2).sum().backward()
+    mine = weight.grad.clone()
+    weight.grad = None
+    (F.linear(F.embedding(tokens, weight), weight) ** 2).sum().backward()
+    torch.testing.assert_close(mine, weight.grad, rtol=1e-5, atol=1e-5)
+    assert calls
+
+
+def test_inference_skips_autograd_and_the_module_keeps_nn_linears_state(calls: list) -> None:
+    layer = Linear(8, 5)
+    plain = torch.nn.Linear(8, 5)
+    plain.load_state_dict(layer.state_dict())
+    assert layer.state_dict().keys() == plain.state_dict().keys()
+    x = torch.randn(2, 3, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-6)
+    assert calls == [(6, 8, 5)]
+
+
+def test_what_onednn_must_not_take_goes_to_f_linear(calls: list, monkeypatch) -> None:
+    weight, x = torch.randn(5, 8), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16-mixed: autocast decides
+        assert linear(x, weight).dtype == torch.bfloat16
+    assert linear(x.double(), weight.double()).dtype == torch.float64
+    assert linear(torch.randn(0, 8), weight).shape == (0, 5)
+    with torch.backends.mkldnn.flags(enabled=False):
+        linear(x, weight)
+    assert calls == []
+    monkeypatch.setattr(module, "ENABLED", False)  # what AIAYN_ONEDNN=0 sets
+    linear(x, weight)
+    assert calls == []
