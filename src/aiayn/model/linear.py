@@ -3,7 +3,7 @@
 torch sends CPU matrix products (``F.linear``, ``@``) to MKL, which on AMD CPUs takes its AVX2
 code path even where the CPU has AVX-512. On the 2-core AMD EPYC (AVX-512) of
 ``benchmarks/README.md`` a float32 2048^3 product runs at 218 GFLOP/s in MKL and at 476 in
-oneDNN (which torch also ships), the CPU's theoretical peak, with float32 accuracy either way.
+oneDNN (which torch also ships), with float32 accuracy either way.
 ``linear`` sends float32 CPU products to oneDNN (``torch.ops.mkldnn._linear_pointwise``, in
 the forward pass and for both products of the backward pass) and everything else to
 ``F.linear``: GPUs, other dtypes and autocast (bf16-mixed), ``torch.compile`` (inductor picks
