@@ -90,3 +90,42 @@ def test_what_onednn_must_not_take_goes_to_f_linear(calls: list, monkeypatch) ->
     monkeypatch.setattr(module, "ENABLED", False)  # what AIAYN_ONEDNN=0 sets
     linear(x, weight)
     assert calls == []
+
+
+def test_the_output_takes_in_place_operations(calls: list) -> None:
+    """Callers may add a residual or a mask in place, with gradients as for ``F.linear``."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    weight = torch.randn(5, 8, requires_grad=True)
+    out = linear(x, weight)
+    out.mul_(2).add_(1)
+    out.square().sum().backward()
+    ref_x, ref_w = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    (F.linear(ref_x, ref_w) * 2 + 1).square().sum().backward()
+    torch.testing.assert_close(out, (F.linear(x, weight) * 2 + 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad, ref_w.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        linear(x, weight).add_(1)  # the inference path too
+
+
+def test_double_backward_equals_f_linear(calls: list) -> None:
+    """A gradient penalty differentiates the backward pass: ``create_graph=True`` must give
+    F.linear's second derivatives, not silently drop them."""
+    torch.manual_seed(0)
+
+    def penalty(op, x, weight, bias):
+        out = torch.tanh(op(x, weight, bias))
+        grad_x, grad_w = torch.autograd.grad(out.square().sum(), (x, weight), create_graph=True)
+        return grad_x.square().sum() + grad_w.square().sum()
+
+    leaves = [torch.randn(4, 6).double(), torch.randn(3, 6).double(), torch.randn(3).double()]
+    mine = [t.float().requires_grad_() for t in leaves]
+    ref = [t.clone().requires_grad_() for t in leaves]
+    value, ref_value = penalty(linear, *mine), penalty(F.linear, *ref)
+    value.backward()
+    ref_value.backward()
+    assert calls  # the first-order products went to oneDNN
+    torch.testing.assert_close(value.double(), ref_value, rtol=1e-5, atol=1e-5)
+    for got, want in zip(mine, ref, strict=True):
+        torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-4, atol=1e-5)

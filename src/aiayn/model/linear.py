@@ -32,33 +32,40 @@ def _product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 class _OneDNNLinear(torch.autograd.Function):
+    """``x (M, K)``, ``weight (N, K)``, ``bias (N,)`` -> ``(M, N)``: 2-D, so that the output is
+    no view and takes in-place operations."""
+
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], -1)
+        return _product(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, weight = ctx.saved_tensors
-        grad2, x2 = grad.reshape(-1, grad.size(-1)), x.reshape(-1, x.size(-1))
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:  # grad @ weight
-            grad_x = _product(grad2, weight.t()).view(x.shape)
-        if ctx.needs_input_grad[1]:  # grad.T @ x, (N, K); oneDNN is fastest writing N < K
-            N, K = weight.shape
-            if N > K:
-                grad_w = _product(x2.t(), grad2.t()).t().contiguous()
-            else:
-                grad_w = _product(grad2.t(), x2.t())
+        if torch.is_grad_enabled():  # create_graph: oneDNN's op has no derivative, torch's has
+            grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+            grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None
+        else:
+            if ctx.needs_input_grad[0]:  # grad @ weight
+                grad_x = _product(grad, weight.t())
+            if ctx.needs_input_grad[1]:  # grad.T @ x, (N, K); oneDNN is fastest writing N < K
+                N, K = weight.shape
+                if N > K:
+                    grad_w = _product(x.t(), grad.t()).t().contiguous()
+                else:
+                    grad_w = _product(grad.t(), x.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad2.sum(dim=0)
+            grad_b = grad.sum(dim=0)
         return grad_x, grad_w, grad_b
 
 
 def _onednn(x: Tensor, weight: Tensor) -> bool:
     return (
-        ENABLED
+        not torch.compiler.is_compiling()  # first: under compile the rest is moot
+        and ENABLED
         and torch.backends.mkldnn.enabled
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
@@ -66,7 +73,6 @@ def _onednn(x: Tensor, weight: Tensor) -> bool:
         and type(weight) in (torch.Tensor, nn.Parameter)
         and x.numel() > 0
         and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
     )
 
 
@@ -78,9 +84,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     grads = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
-    if grads:
-        return _OneDNNLinear.apply(x, weight, bias)
-    return _product(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], -1)
+    x2 = x.reshape(-1, x.size(-1))
+    out = _OneDNNLinear.apply(x2, weight, bias) if grads else _product(x2, weight, bias)
+    return out.view(*x.shape[:-1], -1)
 
 
 class Linear(nn.Linear):
