@@ -151,19 +151,27 @@ def serve(name: str, args: argparse.Namespace, conn: Connection) -> None:
         conn.send(time.perf_counter() - start)
 
 
+def receive(conn: Connection) -> object:
+    """The next message from an engine's process; its exit (a traceback above) ends the run."""
+    try:
+        return conn.recv()
+    except EOFError:
+        raise SystemExit("an engine's process ended early: see its error above") from None
+
+
 def best_times(conns: list[Connection], beams: int, repeats: int) -> list[float]:
     """Seconds of the fastest of `repeats` calls of each engine after one warm-up call each.
     The calls alternate between the engines, so that load from other processes hits all
     alike, and a pause before each lets the last engine's threads go idle."""
     for conn in conns:
         conn.send(beams)
-        conn.recv()
+        receive(conn)
     times: list[list[float]] = [[] for _ in conns]
     for _ in range(repeats):
         for conn, spent in zip(conns, times, strict=True):
             time.sleep(PAUSE)
             conn.send(beams)
-            spent.append(conn.recv())
+            spent.append(receive(conn))
     return [min(spent) for spent in times]
 
 
@@ -200,9 +208,10 @@ def main() -> None:
         mine, theirs = spawn.Pipe()
         workers.append(spawn.Process(target=serve, args=(name, args, theirs), daemon=True))
         workers[-1].start()
+        theirs.close()  # the child holds it: its exit then ends `receive` with EOFError
         conns.append(mine)
     for conn in conns:
-        assert conn.recv() == "ready"
+        assert receive(conn) == "ready"
     header = " | ".join(f"{x} sent/s" for x in ENGINES)
     print(f"| strategy | {header} | aiayn/HF | CT2 int8/HF |")
     print("|" + "---|" * (len(ENGINES) + 3))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import unicodedata
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from aiayn.config import to_schema
 from aiayn.data.config import DataConfig
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.dataset import Batch, collate_sources
-from aiayn.data.sampler import BatchPlan
+from aiayn.data.sampler import PLAN_VERSION, BatchPlan
 from aiayn.data.sources import SOURCES
 from aiayn.data.special import BOS, EOS, PAD
 from aiayn.errors import DataError
@@ -70,6 +72,51 @@ def test_batch_plans_are_built_at_prepare_and_memory_mapped(
     batches = list(third.train_dataloader())
     assert sorted(i for batch in batches for i in batch.ids.tolist()) == list(range(400))
     assert "could not save the batch plan train.plan-900" in caplog.text
+
+
+def test_a_read_only_cache_is_used_and_an_unwritable_cache_dir_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A complete cache shared read-only (no plan for this budget, no lock directory) is used
+    as it is, its plan kept in memory; a cache_dir that cannot be written is one DataError
+    naming it, before any work."""
+    from aiayn.data import prepare as prepare_module
+
+    dm = toy_module(tmp_path)
+    dm.prepare_data()
+    for plan in dm.cache_path.glob("*.plan-*"):
+        plan.unlink()
+    shutil.rmtree(dm.cache_path.parent / ".locks")
+    writable = os.access
+    monkeypatch.setattr(
+        prepare_module.os,
+        "access",
+        lambda path, mode: False if Path(path) == dm.cache_path else writable(path, mode),
+    )
+    again = toy_module(tmp_path)
+    again.prepare_data()
+    assert again.cache_path == dm.cache_path
+    assert not (dm.cache_path.parent / ".locks").exists()
+    assert not list(dm.cache_path.glob("*.plan-*"))  # prepare wrote nothing
+
+    monkeypatch.setattr(prepare_module.os, "access", lambda path, mode: False)
+    fresh = toy_module(tmp_path / "elsewhere")
+    with pytest.raises(
+        DataError, match=r"cannot prepare the data cache in .*elsewhere.*data\.cache_dir"
+    ):
+        fresh.prepare_data()
+
+
+def test_a_split_loads_its_plan_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = toy_module(tmp_path)
+    dm.prepare_data()
+    loads = []
+    load = BatchPlan.load
+    monkeypatch.setattr(BatchPlan, "load", lambda *a: loads.append(a[1]) or load(*a))
+    dm.setup("fit")
+    dm.train_dataloader()
+    dm.train_dataloader()
+    assert loads == ["train.plan-300"]
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
@@ -164,8 +211,15 @@ def test_lightning_epochs_and_resume_position(tmp_path: Path) -> None:
     first, second = module.ids
     assert first != second
     assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+    plan = [PLAN_VERSION, 400, 300, 1, 13]  # version, pairs, max_tokens, shuffled, batches
     assert module.state == {
-        "train_sampler": {"epoch": 1, "position": 3, "world_size": 1, "batches": 13}
+        "train_sampler": {
+            "epoch": 1,
+            "position": 3,
+            "world_size": 1,
+            "batches": 13,
+            "plan": plan,
+        }
     }
     resumed = toy_module(tmp_path)
     resumed.prepare_data()

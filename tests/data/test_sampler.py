@@ -1,11 +1,14 @@
 """BatchPlan and TokenBatchSampler: token budget, equal DDP shards, determinism, exact resume,
 memory-mapped plans."""
 
+import json
+import logging
 from itertools import islice, pairwise
 
 import numpy as np
 import pytest
 
+from aiayn.data import sampler as module
 from aiayn.data.sampler import BatchPlan, TokenBatchSampler
 from aiayn.errors import DataError
 
@@ -91,11 +94,15 @@ def test_padding_efficiency_counts_real_over_padded_slots() -> None:
 def test_a_saved_plan_loads_memory_mapped_and_equal(tmp_path) -> None:
     plan = BatchPlan.build(SRC, TGT, 512, True)
     plan.save(tmp_path, "train.plan-512")
-    loaded = BatchPlan.load(tmp_path, "train.plan-512")
+    loaded = BatchPlan.load(tmp_path, "train.plan-512", len(SRC), 512, True)
     assert isinstance(loaded.order, np.memmap) and isinstance(loaded.bounds, np.memmap)
     assert (loaded.order == plan.order).all() and (loaded.bounds == plan.bounds).all()
     assert loaded.padding_efficiency == plan.padding_efficiency
-    assert BatchPlan.load(tmp_path, "train.plan-1024") is None
+    assert loaded.identity == plan.identity == [module.PLAN_VERSION, len(SRC), 512, 1, len(plan)]
+    assert BatchPlan.load(tmp_path, "train.plan-1024", len(SRC), 1024, True) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"train.plan-512.{part}" for part in ("bounds.npy", "json", "order.npy")
+    ]
     sampler = TokenBatchSampler(loaded, True, 3)
     assert list(sampler) == list(make())
     assert sampler.ranges.nbytes == 16 * len(sampler)  # O(batches) in memory, not O(pairs)
@@ -110,7 +117,13 @@ def test_resume_yields_exactly_the_rest(world_size: int) -> None:
     interrupted.set_epoch(2)
     assert list(islice(iter(interrupted), 5)) == uninterrupted[:5]
     state = interrupted.state_dict()
-    assert state == {"epoch": 2, "position": 5, "world_size": world_size, "batches": len(run)}
+    assert state == {
+        "epoch": 2,
+        "position": 5,
+        "world_size": world_size,
+        "batches": len(run),
+        "plan": run.plan.identity,
+    }
     resumed = make(rank=world_size - 1, world_size=world_size)
     resumed.load_state_dict(state)
     resumed.set_epoch(2)  # what Lightning does at the start of the (same) epoch
@@ -132,6 +145,70 @@ def test_a_position_mid_epoch_is_refused_under_another_world_size() -> None:
     make(rank=1, world_size=2).load_state_dict(state)  # the same world size
     for finished in ({**state, "position": state["batches"]}, {"epoch": 0, "position": 1}):
         make(rank=2, world_size=3).load_state_dict(finished)
+
+
+def test_a_saved_plan_that_does_not_match_is_not_used(tmp_path, monkeypatch) -> None:
+    """A plan of another corpus size, budget, shuffle or PLAN_VERSION, or a damaged one, loads
+    as None (and is rebuilt), never as batches that skip or repeat examples."""
+    plan = BatchPlan.build(SRC, TGT, 512, True)
+    plan.save(tmp_path, "p")
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 512, True) is not None
+    assert BatchPlan.load(tmp_path, "p", len(SRC) + 1, 512, True) is None  # the corpus grew
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 256, True) is None
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 512, False) is None
+    monkeypatch.setattr(module, "PLAN_VERSION", module.PLAN_VERSION + 1)
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 512, True) is None
+    monkeypatch.undo()
+    np.save(tmp_path / "p.bounds.npy", np.asarray(plan.bounds)[:-1])  # cut short
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 512, True) is None
+    (tmp_path / "p.json").write_text("{")
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 512, True) is None
+    (tmp_path / "p.json").write_text(json.dumps({"version": module.PLAN_VERSION}))
+    assert BatchPlan.load(tmp_path, "p", len(SRC), 512, True) is None
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch) -> None:
+    plan = BatchPlan.build(SRC, TGT, 512, True)
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        plan.save(tmp_path, "p")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_position_from_another_plan_goes_on_from_the_same_fraction_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A checkpoint whose batches were cut otherwise (data.max_tokens changed, or written
+    before batch plans) still resumes: the epoch goes on from the same fraction of it, and the
+    user is told that it is not exact. The same plan resumes exactly and silently."""
+    stopped = make(max_tokens=512)
+    stopped.set_epoch(1)
+    list(islice(iter(stopped), 10))
+    state = stopped.state_dict()
+    with caplog.at_level(logging.WARNING, logger=module.__name__):
+        same = make(max_tokens=512)
+        same.load_state_dict(state)
+        assert not caplog.records
+        other = make(max_tokens=1024)
+        other.load_state_dict(state)
+        assert "cut by another batch plan" in caplog.text
+        assert "some of its examples are skipped or seen twice" in caplog.text
+        caplog.clear()
+        old = make(max_tokens=512)
+        old.load_state_dict({k: v for k, v in state.items() if k != "plan"})  # before plans
+        assert "cut by another batch plan (unknown" in caplog.text
+    expected = round(10 * len(other) / len(stopped))
+    assert expected != 10 and other.position == expected
+    other.set_epoch(1)
+    rest = list(other)
+    assert len(rest) == len(other) - expected
+    whole = make(max_tokens=1024)
+    whole.set_epoch(1)
+    assert rest == list(whole)[expected:]
 
 
 def test_rank_must_be_in_world() -> None:

@@ -60,8 +60,8 @@ class TranslationDataModule(L.LightningDataModule):
         self._cache_path = prepare(self.cfg)
 
     def setup(self, stage: str | None = None) -> None:
-        """Memory-map every split and its batch plan; report the train batches' padding
-        efficiency."""
+        """Open every split (its memory maps open on first read); for fit, load the train
+        split's batch plan and report its padding efficiency."""
         for role in ROLES:
             if role not in self._datasets:
                 self._datasets[role] = SplitDataset(self.cache_path, role)

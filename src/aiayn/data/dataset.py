@@ -93,6 +93,7 @@ class SplitDataset(Dataset):
     def __init__(self, directory: Path, role: str) -> None:
         self.directory, self.role = Path(directory), role
         self._arrays: dict[str, np.ndarray] | None = None
+        self._plans: dict[int, BatchPlan] = {}  # by max_tokens
         self._len = len(self._load("src.offsets")) - 1
 
     def _load(self, name: str) -> np.ndarray:
@@ -106,7 +107,7 @@ class SplitDataset(Dataset):
         return self._arrays
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_arrays": None}
+        return {**self.__dict__, "_arrays": None, "_plans": {}}
 
     def __len__(self) -> int:
         return self._len
@@ -127,10 +128,15 @@ class SplitDataset(Dataset):
         order for train, by index for val/test), memory-mapped from the cache; built and saved
         there on first use (prepare builds data.max_tokens's). Where the cache cannot be
         written, the plan is kept in memory with a warning."""
-        name = plan_name(self.role, max_tokens)
-        plan = BatchPlan.load(self.directory, name)
+        if max_tokens not in self._plans:
+            self._plans[max_tokens] = self._batch_plan(max_tokens)
+        return self._plans[max_tokens]
+
+    def _batch_plan(self, max_tokens: int) -> BatchPlan:
+        name, shuffle = plan_name(self.role, max_tokens), self.role == "train"
+        plan = BatchPlan.load(self.directory, name, len(self), max_tokens, shuffle)
         if plan is None:
-            plan = BatchPlan.build(*self.lengths(), max_tokens, shuffle=self.role == "train")
+            plan = BatchPlan.build(*self.lengths(), max_tokens, shuffle)
             try:
                 plan.save(self.directory, name)
             except OSError as error:
@@ -142,5 +148,6 @@ class SplitDataset(Dataset):
                     error,
                 )
             else:
-                plan = BatchPlan.load(self.directory, name) or plan
+                loaded = BatchPlan.load(self.directory, name, len(self), max_tokens, shuffle)
+                plan = plan if loaded is None else loaded
         return plan

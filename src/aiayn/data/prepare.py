@@ -109,16 +109,35 @@ def prepare(cfg: DataConfig) -> Path:
     """Build the cache for cfg unless a complete one exists, and its splits' batch plans for
     cfg.max_tokens unless they exist; return its path. Idempotent."""
     path = cache_path(cfg)
-    if load_manifest(path) is not None and _plans_saved(path, cfg.max_tokens):
-        log.debug("data cache hit: %s", path)
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if load_manifest(path) is not None:
+        if _plans_saved(path, cfg.max_tokens):
+            log.debug("data cache hit: %s", path)
+            return path
+        if not os.access(path, os.W_OK):  # a shared read-only cache: setup plans in memory
+            log.debug("data cache hit: %s (read-only)", path)
+            return path
+    _writable(path.parent)
     with _only_one_preparing(path):
         if load_manifest(path) is None:
             _build_into(cfg, path)
         for role in ROLES:  # each a no-op where another process saved it while this one waited
             SplitDataset(path, role).batch_plan(cfg.max_tokens)
     return path
+
+
+def _writable(directory: Path) -> None:
+    """Create `directory` (data.cache_dir) if needed; a DataError if it cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.access(directory, os.W_OK | os.X_OK):
+            return
+        problem = "it is not writable"
+    except OSError as error:
+        problem = f"{error.strerror or error}"
+    raise DataError(
+        f"cannot prepare the data cache in {directory} ({problem}): set data.cache_dir to a "
+        "directory this user can write"
+    )
 
 
 def _plans_saved(path: Path, max_tokens: int) -> bool:

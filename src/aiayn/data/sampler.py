@@ -2,7 +2,8 @@
 
 Batching: an example's width is max(len(x) + 1, len(y) + 1) (x + EOS, BOS + y). Examples are
 sorted by (width, len(x) - len(y)), so a batch holds pairs of equal width and similar shape
-(ties in a seeded random order for training, in index order for evaluation), and cut greedily
+(ties in a random order fixed per cache, `TIES_SEED`, for training; in index order for
+evaluation), and cut greedily
 so that batch_size * max(width) <= max_tokens. On Multi30k at 4096 tokens the padding
 efficiency (real tokens / padded slots, both sides) is about 0.96.
 
@@ -24,9 +25,11 @@ import bisect
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -35,6 +38,7 @@ from aiayn.errors import DataError
 
 log = logging.getLogger(__name__)
 TIES_SEED = 0  # the order of equal-shape training examples inside the plan (fixed per cache)
+PLAN_VERSION = 1  # of how a plan is built and stored: a saved plan of another version is rebuilt
 
 
 def token_bounds(widths: np.ndarray, max_tokens: int) -> np.ndarray:
@@ -56,7 +60,7 @@ def token_bounds(widths: np.ndarray, max_tokens: int) -> np.ndarray:
     return np.array(ends, dtype=np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BatchPlan:
     """A split's batches: batch b is `order[bounds[b]:bounds[b + 1]]`.
 
@@ -68,6 +72,8 @@ class BatchPlan:
     order: np.ndarray
     bounds: np.ndarray
     padding_efficiency: float
+    max_tokens: int
+    shuffle: bool
 
     @classmethod
     def build(
@@ -83,35 +89,70 @@ class BatchPlan:
         order = (rng.permutation(n) if shuffle else np.arange(n)).astype(index)
         order = order[np.lexsort((src[order] - tgt[order], widths[order]))]
         bounds = token_bounds(widths[order], max_tokens)
-        return cls(order, bounds, _padding_efficiency(src[order], tgt[order], bounds))
+        efficiency = _padding_efficiency(src[order], tgt[order], bounds)
+        return cls(order, bounds, efficiency, int(max_tokens), bool(shuffle))
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
+    @property
+    def identity(self) -> list[int]:
+        """[version, examples, max_tokens, shuffle, batches]: what a data position in a
+        checkpoint refers to (`TokenBatchSampler.state_dict`)."""
+        return [PLAN_VERSION, len(self.order), self.max_tokens, int(self.shuffle), len(self)]
+
     def save(self, directory: Path, name: str) -> None:
         """Write `{name}.order.npy`, `{name}.bounds.npy` and `{name}.json` (last: a plan is
         whole once its json exists). Every writer writes the same bytes, and each file
-        appears by rename, so processes racing to save one plan do no harm."""
-        for part, array in (("order", self.order), ("bounds", self.bounds)):
-            tmp = directory / f".{name}.{part}.{os.getpid()}.npy"
-            np.save(tmp, array)
-            os.replace(tmp, directory / f"{name}.{part}.npy")
-        tmp = directory / f".{name}.{os.getpid()}.json"
-        tmp.write_text(json.dumps({"padding_efficiency": self.padding_efficiency}))
-        os.replace(tmp, directory / f"{name}.json")
+        appears by rename, so processes racing to save one plan do no harm; a failed write
+        leaves nothing behind."""
+        meta = {"version": PLAN_VERSION, "examples": len(self.order)}
+        meta |= {"max_tokens": self.max_tokens, "shuffle": self.shuffle}
+        meta["padding_efficiency"] = self.padding_efficiency
+        parts = [("order.npy", self.order), ("bounds.npy", self.bounds), ("json", meta)]
+        for suffix, content in parts:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".{suffix}", dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as file:
+                    if suffix == "json":
+                        file.write(json.dumps(content).encode())
+                    else:
+                        np.save(file, content)
+                os.chmod(tmp, 0o644)  # mkstemp's 0o600 would hide the plan from other users
+                os.replace(tmp, directory / f"{name}.{suffix}")
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     @classmethod
-    def load(cls, directory: Path, name: str) -> BatchPlan | None:
-        """The plan saved under `name` in `directory`, memory-mapped; None if there is none."""
+    def load(
+        cls, directory: Path, name: str, examples: int, max_tokens: int, shuffle: bool
+    ) -> BatchPlan | None:
+        """The plan saved under `name` in `directory`, memory-mapped; None if there is none,
+        or if it is not whole or not the plan of `examples` pairs at (max_tokens, shuffle) of
+        this PLAN_VERSION (it is then rebuilt)."""
+        want = {"version": PLAN_VERSION, "examples": examples}
+        want |= {"max_tokens": max_tokens, "shuffle": shuffle}
         try:
             meta = json.loads((directory / f"{name}.json").read_text())
             order, bounds = (
                 np.load(directory / f"{name}.{part}.npy", mmap_mode="r")
                 for part in ("order", "bounds")
             )
-        except (OSError, ValueError):
+            if {key: meta.get(key) for key in want} != want:
+                return None
+            efficiency = float(meta["padding_efficiency"])
+        except (OSError, ValueError, KeyError, TypeError):
             return None
-        return cls(order, bounds, float(meta["padding_efficiency"]))
+        whole = (
+            order.ndim == bounds.ndim == 1
+            and len(order) == examples
+            and len(bounds) >= 1
+            and bounds[0] == 0
+            and bounds[-1] == examples
+            and bool((np.diff(bounds) > 0).all())
+        )
+        return cls(order, bounds, efficiency, max_tokens, shuffle) if whole else None
 
 
 def _padding_efficiency(src: np.ndarray, tgt: np.ndarray, bounds: np.ndarray) -> float:
@@ -196,18 +237,22 @@ class TokenBatchSampler(Sampler[list[int]]):
         if epoch != self.epoch:
             self.epoch, self._resume_at = epoch, 0
 
-    def state_dict(self) -> dict[str, int]:
-        """The epoch, batches this rank has yielded in it, and the sharding they came from
-        (a position means nothing under another world size)."""
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch, batches this rank has yielded in it, the sharding they came from (a
+        position means nothing under another world size) and the plan they were cut by."""
         return {
             "epoch": self.epoch,
             "position": self.position,
             "world_size": self.world_size,
             "batches": len(self),
+            "plan": self.plan.identity,
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue where `state` stopped; refused mid-epoch under another world size."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state` stopped: refused mid-epoch under another world size; where
+        the batches were cut otherwise (another data.max_tokens or corpus, or a checkpoint
+        from before batch plans), the epoch goes on from the same fraction of it, with a
+        warning that its examples are no longer each seen exactly once."""
         if mid_epoch_world_size(state) not in (None, self.world_size):
             raise DataError(
                 f"the run stopped in the middle of epoch {state['epoch']} with "
@@ -216,10 +261,27 @@ class TokenBatchSampler(Sampler[list[int]]):
                 "(trainer.devices x trainer.num_nodes)"
             )
         self.epoch = int(state["epoch"])
-        self.position = self._resume_at = int(state["position"])
+        position = int(state["position"])
+        batches = int(state.get("batches", len(self)))
+        if 0 < position < batches and state.get("plan") != self.plan.identity:
+            position = round(position * len(self) / batches)
+            log.warning(
+                "the checkpoint stopped after batch %d of %d of epoch %d, cut by another batch "
+                "plan (%s; now %s: data.max_tokens or the data changed, or the checkpoint "
+                "predates batch plans): the epoch goes on from batch %d of %d, so some of its "
+                "examples are skipped or seen twice",
+                state["position"],
+                batches,
+                self.epoch,
+                state.get("plan", "unknown"),
+                self.plan.identity,
+                position,
+                len(self),
+            )
+        self.position = self._resume_at = position
 
 
-def mid_epoch_world_size(state: dict[str, int]) -> int | None:
+def mid_epoch_world_size(state: dict[str, Any]) -> int | None:
     """The world size a sampler state was written under when it stopped mid-epoch (only
     then does it matter), else None (an epoch end, or a state from before it was saved)."""
     if "world_size" not in state or not 0 < state["position"] < state["batches"]:
