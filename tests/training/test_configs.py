@@ -42,11 +42,11 @@ def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
         cfg = compose("train", overrides=[f"sweep={sweep}"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params
     assert params, f"conf/sweep/{sweep}.yaml defines no hydra.sweeper.params"
+    recipe = ["experiment=multi30k_cpu"]  # the recipe conf/ablation/'s values are set for
+    base = to_schema(compose_train(recipe, tmp_path), TrainConfig)
     for key, values in params.items():
         choices = str(values).split(",")
         assert len(choices) >= 2, f"{key}: {values}"
-        recipe = ["experiment=multi30k_cpu"]  # the recipe conf/ablation/'s values are set for
-        base = to_schema(compose_train(recipe, tmp_path), TrainConfig)
         for value in choices:
             overrides = [*recipe, f"{key}={value}"]
             config = to_schema(compose_train(overrides, tmp_path), TrainConfig)

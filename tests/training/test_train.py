@@ -240,6 +240,7 @@ def test_wandb_offline_run_holds_metrics_samples_config_and_summary(tmp_path):
     assert exit_record.exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_failing_job_still_finishes_its_wandb_run(tmp_path):
     from tests.helpers import read_wandb_records
 
