@@ -27,6 +27,11 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
+def cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... (empty where /proc/cpuinfo does not say)."""
+    return _cpuinfo("vendor_id") or ""
+
+
 def cpu_flags() -> list[str]:
     """The flags of `FLAGS` this CPU has (what decides fp32/bf16 matmul speed)."""
     present = set((_cpuinfo("flags") or "").split())
@@ -48,9 +53,10 @@ def matmul_flops(
 ) -> float:
     """FLOP/s of the fastest of `repeats` (size x size) @ (size x size) products after a
     warm-up, on `device` in `dtype`: the faster of torch's `@` and, for float32 on the CPU,
-    the oneDNN product that aiayn's linear layers use (`aiayn.model.linear`), so that a
-    model-FLOP utilisation is against the best this machine does."""
-    from aiayn.model.linear import linear
+    the oneDNN product that aiayn's linear layers can use (`aiayn.model.linear`, whether or
+    not they use it on this CPU), so that a model-FLOP utilisation is against the best this
+    machine does."""
+    from aiayn.model.linear import onednn_product
 
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
@@ -58,7 +64,7 @@ def matmul_flops(
     best = float("inf")
     products = [lambda: a @ b]
     if dtype == torch.float32 and torch.device(device).type == "cpu":
-        products.append(lambda: linear(a, b.t()))
+        products.append(lambda: onednn_product(a, b.t()))
     for product in products:
         product()  # warm-up
         sync()

@@ -10,21 +10,47 @@ import torch.nn.functional as F
 from aiayn.model import linear as module
 from aiayn.model.linear import Linear, linear
 
-pytestmark = pytest.mark.skipif(not module.ENABLED, reason="this torch has no oneDNN")
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN"
+)
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """The shapes of the products that went to oneDNN."""
+    """The shapes of the products that went to oneDNN, which is on whatever this CPU is."""
     seen: list[tuple[int, ...]] = []
-    product = module._product
+    product = module.onednn_product
 
     def counted(x, weight, bias=None):
         seen.append((*x.shape, weight.size(0)))
         return product(x, weight, bias)
 
-    monkeypatch.setattr(module, "_product", counted)
+    monkeypatch.setattr(module, "onednn_product", counted)
+    monkeypatch.setattr(module, "ENABLED", True)
     return seen
+
+
+@pytest.mark.parametrize(
+    ("setting", "vendor", "flags", "chosen"),
+    [
+        (None, "AuthenticAMD", ["avx2", "avx512f", "fma"], True),  # MKL's AVX2 path: 2x slower
+        ("auto", "AuthenticAMD", ["avx2", "avx512f"], True),
+        (None, "AuthenticAMD", ["avx2", "fma"], False),  # AVX2 only: MKL as fast or faster
+        (None, "GenuineIntel", ["avx2", "avx512f", "amx_tile"], False),  # Intel: MKL's own
+        ("", "", [], False),  # no /proc/cpuinfo
+        ("1", "GenuineIntel", ["avx2"], True),
+        ("0", "AuthenticAMD", ["avx2", "avx512f"], False),
+    ],
+)
+def test_onednn_is_chosen_where_mkl_lags_it_or_as_forced(
+    setting: str | None, vendor: str, flags: list[str], chosen: bool
+) -> None:
+    assert module.use_onednn(setting, vendor, flags) is chosen
+
+
+def test_a_misspelt_setting_warns_and_decides_by_the_cpu() -> None:
+    with pytest.warns(UserWarning, match="AIAYN_ONEDNN='yes' is not 1"):
+        assert module.use_onednn("yes", "AuthenticAMD", ["avx512f"]) is True
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -87,7 +113,7 @@ def test_what_onednn_must_not_take_goes_to_f_linear(calls: list, monkeypatch) ->
     with torch.backends.mkldnn.flags(enabled=False):
         linear(x, weight)
     assert calls == []
-    monkeypatch.setattr(module, "ENABLED", False)  # what AIAYN_ONEDNN=0 sets
+    monkeypatch.setattr(module, "ENABLED", False)  # what AIAYN_ONEDNN=0 (or the CPU) sets
     linear(x, weight)
     assert calls == []
 
@@ -129,3 +155,24 @@ def test_double_backward_equals_f_linear(calls: list) -> None:
     torch.testing.assert_close(value.double(), ref_value, rtol=1e-5, atol=1e-5)
     for got, want in zip(mine, ref, strict=True):
         torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"d_embed": 8, "norm_first": True}])
+def test_the_transformer_on_onednn_equals_it_on_f_linear(overrides: dict, monkeypatch) -> None:
+    """The model's logits and every parameter's gradient are the same whichever library
+    this CPU's default picks (the model-level proofs run on that default)."""
+    from tests.model.model_helpers import random_tokens, tiny_model
+
+    src, tgt = random_tokens(3, 9, 23, seed=2), random_tokens(3, 7, 23, seed=3)
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(module, "ENABLED", enabled)
+        model = tiny_model(**overrides)
+        logits = model(src, tgt)
+        logits.logsumexp(-1).sum().backward()
+        results.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    (mine, mine_grads), (ref, ref_grads) = results
+    torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)
+    assert mine_grads.keys() == ref_grads.keys()
+    for name, grad in mine_grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)

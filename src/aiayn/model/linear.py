@@ -1,31 +1,52 @@
-"""Linear layers whose float32 CPU products run on oneDNN.
+"""Linear layers whose float32 CPU products can run on oneDNN instead of MKL.
 
 torch sends CPU matrix products (``F.linear``, ``@``) to MKL, which on AMD CPUs takes its AVX2
 code path even where the CPU has AVX-512. On the 2-core AMD EPYC (AVX-512) of
 ``benchmarks/README.md`` a float32 2048^3 product runs at 218 GFLOP/s in MKL and at 476 in
-oneDNN (which torch also ships), with float32 accuracy either way.
-``linear`` sends float32 CPU products to oneDNN (``torch.ops.mkldnn._linear_pointwise``, in
-the forward pass and for both products of the backward pass) and everything else to
-``F.linear``: GPUs, other dtypes and autocast (bf16-mixed), ``torch.compile`` (inductor picks
-its own kernels), tensor subclasses such as FSDP's DTensor, and empty inputs.
-``AIAYN_ONEDNN=0``, or torch's ``torch.backends.mkldnn.flags(enabled=False)``, sends everything
-to ``F.linear``.
+oneDNN (which torch also ships), with float32 accuracy either way; on a 2-core AMD EPYC with
+AVX2 only, MKL is as fast or 10-30% faster. So by default (`use_onednn`) oneDNN takes the
+products on AMD CPUs with AVX-512 and MKL keeps them elsewhere (Intel's MKL uses its own
+AVX-512 and AMX); ``AIAYN_ONEDNN=1`` or ``0`` forces the choice.
+Where oneDNN is on, ``linear`` sends float32 CPU products to it
+(``torch.ops.mkldnn._linear_pointwise``, in the forward pass and for both products of the
+backward pass) and everything else to ``F.linear``: GPUs, other dtypes and autocast
+(bf16-mixed), ``torch.compile`` (inductor picks its own kernels), tensor subclasses such as
+FSDP's DTensor, and empty inputs; torch's ``torch.backends.mkldnn.flags(enabled=False)``
+sends everything to ``F.linear`` too.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ENABLED = os.environ.get("AIAYN_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
-# and torch's own switch, `torch.backends.mkldnn.flags(enabled=False)`, is read at each call
+from aiayn.machine import cpu_flags, cpu_vendor
 
 
-def _product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def use_onednn(setting: str | None, vendor: str, flags: list[str]) -> bool:
+    """Whether float32 CPU products go to oneDNN: ``setting`` (AIAYN_ONEDNN) "1" yes, "0" no;
+    unset or "auto": on AMD CPUs with AVX-512, where MKL runs its AVX2 code at half the speed."""
+    if setting not in (None, "", "auto", "0", "1"):
+        warnings.warn(
+            f"AIAYN_ONEDNN={setting!r} is not 1 (oneDNN), 0 (MKL) or auto: using auto",
+            stacklevel=2,
+        )
+    elif setting in ("0", "1"):
+        return setting == "1"
+    return vendor == "AuthenticAMD" and "avx512f" in flags
+
+
+ENABLED = torch.backends.mkldnn.is_available() and use_onednn(
+    os.environ.get("AIAYN_ONEDNN"), cpu_vendor(), cpu_flags()
+)  # and torch's own switch, `torch.backends.mkldnn.flags(enabled=False)`, is read at each call
+
+
+def onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x (M, K) @ weight (N, K).T + bias (N,)`` -> ``(M, N)`` on oneDNN (strided views
     allowed)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -39,7 +60,7 @@ class _OneDNNLinear(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x, weight, bias)
+        return onednn_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -50,13 +71,13 @@ class _OneDNNLinear(torch.autograd.Function):
             grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None
         else:
             if ctx.needs_input_grad[0]:  # grad @ weight
-                grad_x = _product(grad, weight.t())
+                grad_x = onednn_product(grad, weight.t())
             if ctx.needs_input_grad[1]:  # grad.T @ x, (N, K); oneDNN is fastest writing N < K
                 N, K = weight.shape
                 if N > K:
-                    grad_w = _product(x.t(), grad.t()).t().contiguous()
+                    grad_w = onednn_product(x.t(), grad.t()).t().contiguous()
                 else:
-                    grad_w = _product(grad.t(), x.t())
+                    grad_w = onednn_product(grad.t(), x.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(dim=0)
         return grad_x, grad_w, grad_b
@@ -85,7 +106,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     x2 = x.reshape(-1, x.size(-1))
-    out = _OneDNNLinear.apply(x2, weight, bias) if grads else _product(x2, weight, bias)
+    out = _OneDNNLinear.apply(x2, weight, bias) if grads else onednn_product(x2, weight, bias)
     return out.view(*x.shape[:-1], -1)
 
 
