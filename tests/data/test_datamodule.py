@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import unicodedata
@@ -105,6 +106,17 @@ def test_a_read_only_cache_is_used_and_an_unwritable_cache_dir_is_named(
         DataError, match=r"cannot prepare the data cache in .*elsewhere.*data\.cache_dir"
     ):
         fresh.prepare_data()
+
+
+def test_prepare_replaces_a_plan_of_an_older_version(tmp_path: Path) -> None:
+    """A cache whose plans an older aiayn wrote (no version in their json) gets current ones
+    at prepare, under its lock, rather than from every rank at setup."""
+    dm = toy_module(tmp_path)
+    dm.prepare_data()
+    meta = dm.cache_path / "train.plan-300.json"
+    meta.write_text(json.dumps({"padding_efficiency": 0.5}))
+    toy_module(tmp_path).prepare_data()
+    assert json.loads(meta.read_text())["version"] == PLAN_VERSION
 
 
 def test_a_split_loads_its_plan_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -132,9 +132,15 @@ class SplitDataset(Dataset):
             self._plans[max_tokens] = self._batch_plan(max_tokens)
         return self._plans[max_tokens]
 
+    def saved_plan(self, max_tokens: int) -> BatchPlan | None:
+        """The plan for max_tokens saved in the cache, memory-mapped; None if there is none,
+        or it is damaged or of another PLAN_VERSION or corpus."""
+        name, shuffle = plan_name(self.role, max_tokens), self.role == "train"
+        return BatchPlan.load(self.directory, name, len(self), max_tokens, shuffle)
+
     def _batch_plan(self, max_tokens: int) -> BatchPlan:
         name, shuffle = plan_name(self.role, max_tokens), self.role == "train"
-        plan = BatchPlan.load(self.directory, name, len(self), max_tokens, shuffle)
+        plan = self.saved_plan(max_tokens)
         if plan is None:
             plan = BatchPlan.build(*self.lengths(), max_tokens, shuffle)
             try:
@@ -148,6 +154,6 @@ class SplitDataset(Dataset):
                     error,
                 )
             else:
-                loaded = BatchPlan.load(self.directory, name, len(self), max_tokens, shuffle)
+                loaded = self.saved_plan(max_tokens)
                 plan = plan if loaded is None else loaded
         return plan

@@ -56,7 +56,7 @@ from omegaconf import DictConfig
 from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
 from aiayn.console import Advance, Stages, progress, set_progress
 from aiayn.data.config import ROLES, DataConfig
-from aiayn.data.dataset import SplitDataset, plan_name
+from aiayn.data.dataset import SplitDataset
 from aiayn.data.sources import Source, get_source
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
@@ -141,7 +141,9 @@ def _writable(directory: Path) -> None:
 
 
 def _plans_saved(path: Path, max_tokens: int) -> bool:
-    return all((path / f"{plan_name(role, max_tokens)}.json").is_file() for role in ROLES)
+    """Whether every split's plan for max_tokens is saved whole and current (an older
+    PLAN_VERSION's is rebuilt here, once, not by every rank)."""
+    return all(SplitDataset(path, role).saved_plan(max_tokens) is not None for role in ROLES)
 
 
 @contextmanager
