@@ -9,6 +9,9 @@ Every engine decodes exactly `--new-tokens` tokens per sentence: EOS is disabled
 hook masks the EOS logit; HF: `eos_token_id=None`; CTranslate2: min = max decoding length),
 and all keep a key/value cache. Prints the machine, then sentences/s (best of `--repeats`
 alternating calls after a warm-up) for each strategy side by side, and the speed-ups over HF.
+"aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.model.linear`'s
+rule, the output projection on oneDNN); "aiayn MKL" with every product on MKL
+(`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU.
 
 Each engine runs in a process of its own: a CTranslate2 translator that has run in a process
 slows that process's torch products down by ~25 % (measured: aiayn greedy 211 -> 163 sent/s
@@ -81,7 +84,14 @@ def build(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel]:
     return ours, marian
 
 
-ENGINES = ("aiayn", "CT2 fp32", "CT2 int8", "HF")
+ENGINES = ("aiayn", "aiayn MKL", "CT2 fp32", "CT2 int8", "HF")  # HF last, CT2 int8 third
+
+
+def products_on_mkl() -> None:
+    """This process's float32 products all on MKL, as under ``AIAYN_ONEDNN=0``."""
+    from aiayn.model import linear
+
+    linear.ENABLED, linear.MKL_FORCED = False, True
 
 
 def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
@@ -91,7 +101,9 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     ours, marian = build(args)
     src = torch.randint(4, args.vocab, (args.batch_size, args.src_len))
     n = args.new_tokens
-    if name == "aiayn":
+    if name == "aiayn MKL":
+        products_on_mkl()
+    if name.startswith("aiayn"):
         # no sentence may end early (HF runs with eos_token_id=None): aiayn never emits EOS
         ours.output.register_forward_hook(
             lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
@@ -220,7 +232,7 @@ def main() -> None:
         rates = " | ".join(f"{args.batch_size / t:.1f}" for t in seconds)
         name = "greedy" if beams == 1 else f"beam {beams}"
         hf_s = seconds[-1]
-        print(f"| {name} | {rates} | {hf_s / seconds[0]:.2f}x | {hf_s / seconds[2]:.2f}x |")
+        print(f"| {name} | {rates} | {hf_s / seconds[0]:.2f}x | {hf_s / seconds[3]:.2f}x |")
     for conn, worker in zip(conns, workers, strict=True):
         conn.send(None)
         worker.join()

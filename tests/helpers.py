@@ -3,6 +3,7 @@ run a command-line tool as a user would, and read what a run wrote (CSV, W&B).""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -82,6 +83,14 @@ SIXTY_STEPS = [
     "trainer.log_every_n_steps=5",
     "optim.warmup_steps=30",
 ]
+
+
+def assert_loss_fell(losses: list[float], by: float) -> None:
+    """The mean of the last three logged training losses is ``by`` below the first: one
+    batch's loss depends on its sentences (short ones score higher), so no single late batch
+    decides."""
+    assert all(math.isfinite(loss) for loss in losses), losses
+    assert sum(losses[-3:]) / 3 < losses[0] - by, losses
 
 
 def cli_overrides(tmp_path: Path) -> list[str]:

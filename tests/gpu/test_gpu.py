@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers import SIXTY_STEPS, cli, cli_overrides, csv_metrics, run_dirs
+from tests.helpers import SIXTY_STEPS, assert_loss_fell, cli, cli_overrides, csv_metrics, run_dirs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -29,7 +29,7 @@ def test_trainer_gpu_trains_and_decodes(precision, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path)
     losses = csv_metrics(run)["train/loss"]
-    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 1.0, losses
+    assert_loss_fell(losses, by=1.0)
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0.0 <= metrics["test"]["test/bleu"] <= 100.0
     assert "CUDA" in result.stdout + result.stderr or "GPU available: True" in result.stderr
@@ -62,7 +62,7 @@ def test_fsdp_on_the_gpus_there_are_trains_in_bf16_and_its_checkpoint_loads(tmp_
     assert f"units sharded over {devices} processes" in result.stdout
     (run,) = run_dirs(tmp_path)
     losses = csv_metrics(run)["train/loss"]
-    assert losses[-1] < losses[0] - 1.0, losses
+    assert_loss_fell(losses, by=1.0)
     from aiayn.inference import load_checkpoint
 
     lines = ["the red dog sees the big cat.", "yesterday Anna saw two green birds."]

@@ -176,3 +176,31 @@ def test_the_transformer_on_onednn_equals_it_on_f_linear(overrides: dict, monkey
     assert mine_grads.keys() == ref_grads.keys()
     for name, grad in mine_grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_output_layer_decodes_on_onednn_whatever_the_cpus_default(
+    calls: list, monkeypatch
+) -> None:
+    """Without gradients (decoding) the output layer's few rows x whole vocabulary go to
+    oneDNN even where the CPU's default is MKL; in training it follows the default; an
+    explicit ``onednn=False``, or AIAYN_ONEDNN=0, never takes oneDNN."""
+    from aiayn.model.embedding import OutputProjection
+
+    monkeypatch.setattr(module, "ENABLED", False)
+    layer = OutputProjection(8, 50)
+    layer.reset_parameters()
+    x = torch.randn(2, 1, 8)
+    with torch.no_grad():
+        decoded = layer(x)
+    assert calls == [(2, 8, 50)]
+    trained = layer(x)
+    assert len(calls) == 1  # training: MKL, this CPU's default here
+    torch.testing.assert_close(decoded, trained.detach(), rtol=1e-5, atol=1e-6)
+    linear(x, layer.weight.detach(), onednn=False)
+    assert len(calls) == 1
+    linear(x, layer.weight.detach(), onednn=True)
+    assert len(calls) == 2
+    monkeypatch.setattr(module, "MKL_FORCED", True)  # AIAYN_ONEDNN=0: MKL everywhere
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), decoded, rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2

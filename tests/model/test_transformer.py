@@ -273,8 +273,8 @@ def test_every_parameter_gets_a_gradient(overrides: dict) -> None:
     [
         (False, 40, "sinusoidal"),
         (True, 40, "sinusoidal"),
-        (False, 1024, "sinusoidal"),
-        (True, 1024, "learned"),
+        pytest.param(False, 1024, "sinusoidal", marks=pytest.mark.slow),  # ~3 s each
+        pytest.param(True, 1024, "learned", marks=pytest.mark.slow),
     ],
 )
 def test_finite_up_to_max_positions_and_all_padding_rows(

@@ -221,6 +221,7 @@ def test_a_users_mistake_is_one_line_and_exit_code_1(tmp_path):
     assert "Traceback" not in proc.stderr and "missing.ckpt" in proc.stderr
 
 
+@pytest.mark.slow  # a train.py process
 def test_a_checkpoint_outside_any_run_directory_is_checked_not_a_traceback(tmp_path):
     """`train.py ckpt_path=<file>` where the file is not in a `<run>/checkpoints/` (copied out,
     or not a checkpoint at all): the resume check speaks, in one line, before any work."""

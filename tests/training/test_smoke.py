@@ -51,10 +51,8 @@ def test_every_shipped_experiment_validates_and_builds(experiment, tmp_path):
 
 @pytest.mark.parametrize(
     "experiment",
-    [  # multi30k_cpu in the default run, the others (same code, other sizes) in the slow layer
-        e if e == "multi30k_cpu" else pytest.param(e, marks=pytest.mark.slow)
-        for e in EXPERIMENTS
-        if e.startswith("multi30k")
+    [  # ~10 s each: slow layer; the default run has test_train_cli_fast_dev_run_writes_metrics
+        pytest.param(e, marks=pytest.mark.slow) for e in EXPERIMENTS if e.startswith("multi30k")
     ],
 )
 def test_multi30k_recipes_run_end_to_end(experiment, tmp_path, multi30k_root):

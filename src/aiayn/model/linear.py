@@ -6,7 +6,10 @@ code path even where the CPU has AVX-512. On the 2-core AMD EPYC (AVX-512) of
 oneDNN (which torch also ships), with float32 accuracy either way; on a 2-core AMD EPYC with
 AVX2 only, MKL is as fast or 10-30% faster. So by default (`use_onednn`) oneDNN takes the
 products on AMD CPUs with AVX-512 and MKL keeps them elsewhere (Intel's MKL uses its own
-AVX-512 and AMX); ``AIAYN_ONEDNN=1`` or ``0`` forces the choice.
+AVX-512 and AMX); ``AIAYN_ONEDNN=1`` or ``0`` forces the choice. One layer prefers oneDNN on
+any CPU: the output projection while decoding (`OutputProjection`), a few rows times the
+whole vocabulary, where MKL is slow even on CPUs where it is fast otherwise; ``0`` overrides
+that too.
 Where oneDNN is on, ``linear`` sends float32 CPU products to it
 (``torch.ops.mkldnn._linear_pointwise``, in the forward pass and for both products of the
 backward pass) and everything else to ``F.linear``: GPUs, other dtypes and autocast
@@ -41,9 +44,11 @@ def use_onednn(setting: str | None, vendor: str, flags: list[str]) -> bool:
     return vendor == "AuthenticAMD" and "avx512f" in flags
 
 
+SETTING = os.environ.get("AIAYN_ONEDNN")
 ENABLED = torch.backends.mkldnn.is_available() and use_onednn(
-    os.environ.get("AIAYN_ONEDNN"), cpu_vendor(), cpu_flags()
+    SETTING, cpu_vendor(), cpu_flags()
 )  # and torch's own switch, `torch.backends.mkldnn.flags(enabled=False)`, is read at each call
+MKL_FORCED = SETTING == "0"  # then a layer's own preference (`linear(onednn=True)`) yields too
 
 
 def onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -83,10 +88,11 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def _onednn(x: Tensor, weight: Tensor) -> bool:
+def _onednn(x: Tensor, weight: Tensor, prefer: bool | None) -> bool:
     return (
         not torch.compiler.is_compiling()  # first: under compile the rest is moot
-        and ENABLED
+        and (ENABLED if prefer is None else prefer and not MKL_FORCED)
+        and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
@@ -97,10 +103,13 @@ def _onednn(x: Tensor, weight: Tensor) -> bool:
     )
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, onednn: bool | None = None
+) -> Tensor:
     """``F.linear``: ``x (..., K)``, ``weight (N, K)``, ``bias (N,)`` -> ``(..., N)``, with
-    float32 CPU products on oneDNN (see the module docstring)."""
-    if not _onednn(x, weight):
+    float32 CPU products on oneDNN where this CPU's default (`ENABLED`) says so, or where
+    ``onednn`` is True unless ``AIAYN_ONEDNN=0`` (False: never; see the module docstring)."""
+    if not _onednn(x, weight, onednn):
         return F.linear(x, weight, bias)
     grads = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
