@@ -11,7 +11,9 @@ dropout 0.1 on all three. Prints the machine and its measured matrix-multiply pe
 target tokens/s (best of `--repeats` rounds, the three models alternating within a round so
 that load hits all alike), the ratios, and aiayn's model-FLOP utilisation: 3 x
 `aiayn.model.summary.forward_flops` per second over the peak. On a GPU all run in bf16
-autocast.
+autocast. The process's malloc keeps freed memory (`aiayn.allocator`), as `train.py` sets it;
+that is process-wide, so the peers run with it too (they gain more from it than aiayn, whose
+loss allocates less); `AIAYN_KEEP_FREED_MEMORY=0` measures all three with glibc's default.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.allocator import keep_freed_memory
 from aiayn.data.dataset import Batch
 from aiayn.machine import bf16_native, cpu_flags, cpu_model, matmul_flops
 from aiayn.model import ModelConfig
@@ -201,6 +204,7 @@ def main() -> None:
         "--compile", action="store_true", help="aiayn with torch.compile (`compile=true`)"
     )
     args = parser.parse_args()
+    kept = keep_freed_memory()  # as train.py does; process-wide, so the peers get it too
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -211,6 +215,10 @@ def main() -> None:
 
     where = torch.cuda.get_device_name() if cuda else f"{cpu_model()} ({' '.join(cpu_flags())})"
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"malloc keeps freed memory (aiayn.allocator, as in train.py, for all three models): "
+        f"{'yes' if kept else 'no'}"
+    )
     print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {peak / 1e9:.1f} GFLOP/s")
     print(
         f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens, vocab "

@@ -26,6 +26,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from aiayn.allocator import keep_freed_memory
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, process_count, to_schema
 from aiayn.console import closing_summary, set_progress, tidy_library_output
@@ -216,6 +217,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train (and test) as configured; returns the metrics also written to metrics.json."""
     start = time.perf_counter()
     tidy_library_output()
+    keep_freed_memory()  # each step's tensors reuse freed memory (aiayn.allocator)
     config = validate(cfg)
     resumed = config.train and config.ckpt_path  # training continues from this checkpoint
     resumed_step = int(read_checkpoint(resumed)["global_step"]) if resumed else None
