@@ -178,3 +178,43 @@ def test_embedding_scale_and_init() -> None:
     bound = math.sqrt(6 / (64 + w.size(0)))
     assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound  # Xavier-uniform
     assert model.encoder.layers[0].ff.linear1.bias.abs().max() == 0
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "float"])
+def test_bf16_training_attends_in_float32_on_the_cpu(mask_kind: str) -> None:
+    """Under bf16 autocast with gradients, `sdpa` gives the float32 attention of the bf16
+    inputs (and its gradients), rounded once to bf16; without gradients it is torch's bf16
+    kernel, as before."""
+    from aiayn.model.attention import sdpa
+
+    torch.manual_seed(0)
+    B, H, T, Dh = 3, 2, 5, 8
+    q, k, v = (torch.randn(B, H, T, Dh).bfloat16().requires_grad_() for _ in range(3))
+    keys = torch.tensor([[True] * 5, [True] * 3 + [False] * 2, [True] * 4 + [False]])
+    mask = {
+        "none": None,
+        "causal": None,
+        "bool": keys[:, None, None, :],
+        "float": torch.zeros(B, 1, 1, T).masked_fill(~keys[:, None, None, :], -1e4).bfloat16(),
+    }[mask_kind]
+    causal = mask_kind == "causal"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = sdpa(q, k, v, mask, 0.0, causal)
+    assert y.dtype == torch.bfloat16
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    mask32 = mask.float() if mask is not None and mask.dtype != torch.bool else mask
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q32, k32, v32, attn_mask=mask32, is_causal=causal
+    )
+    assert torch.equal(y, ref.bfloat16())
+    grad = torch.randn_like(ref)
+    y.backward(grad.bfloat16())
+    ref.backward(grad.bfloat16().float())
+    for ours, theirs in zip((q, k, v), (q32, k32, v32), strict=True):
+        assert ours.grad is not None and theirs.grad is not None
+        assert torch.equal(ours.grad, theirs.grad.bfloat16())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal
+        )
+        assert torch.equal(sdpa(q, k, v, mask, 0.0, causal), plain)
