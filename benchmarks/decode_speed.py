@@ -10,7 +10,7 @@ hook masks the EOS logit; HF: `eos_token_id=None`; CTranslate2: min = max decodi
 and all keep a key/value cache. Prints the machine, then sentences/s (best of `--repeats`
 alternating calls after a warm-up) for each strategy side by side, and the speed-ups over HF.
 "aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.model.linear`'s
-rule, the output projection on oneDNN); "aiayn MKL" with every product on MKL
+rule, the output projection on oneDNN on AMD CPUs); "aiayn MKL" with every product on MKL
 (`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU.
 
 Each engine runs in a process of its own: a CTranslate2 translator that has run in a process

@@ -178,15 +178,16 @@ def test_the_transformer_on_onednn_equals_it_on_f_linear(overrides: dict, monkey
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_the_output_layer_decodes_on_onednn_whatever_the_cpus_default(
+def test_the_output_layer_decodes_on_onednn_on_amd_whatever_the_cpus_default(
     calls: list, monkeypatch
 ) -> None:
     """Without gradients (decoding) the output layer's few rows x whole vocabulary go to
-    oneDNN even where the CPU's default is MKL; in training it follows the default; an
-    explicit ``onednn=False``, or AIAYN_ONEDNN=0, never takes oneDNN."""
+    oneDNN on an AMD CPU even where the CPU's default is MKL; in training it follows the
+    default; an explicit ``onednn=False``, or AIAYN_ONEDNN=0, never takes oneDNN."""
     from aiayn.model.embedding import OutputProjection
 
     monkeypatch.setattr(module, "ENABLED", False)
+    monkeypatch.setattr(module, "DECODE_ONEDNN", True)  # an AMD CPU
     layer = OutputProjection(8, 50)
     layer.reset_parameters()
     x = torch.randn(2, 1, 8)
@@ -204,3 +205,23 @@ def test_the_output_layer_decodes_on_onednn_whatever_the_cpus_default(
     with torch.no_grad():
         torch.testing.assert_close(layer(x), decoded, rtol=1e-5, atol=1e-6)
     assert len(calls) == 2
+
+
+def test_on_intel_the_output_layer_decodes_on_the_cpus_default(calls: list, monkeypatch) -> None:
+    """On an Intel CPU MKL is as fast for a decoding step's output layer: it keeps MKL."""
+    from aiayn.model.embedding import OutputProjection
+
+    monkeypatch.setattr(module, "ENABLED", False)
+    monkeypatch.setattr(module, "DECODE_ONEDNN", False)
+    layer = OutputProjection(8, 50)
+    layer.reset_parameters()
+    with torch.no_grad():
+        layer(torch.randn(2, 1, 8))
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("vendor", "chosen"), [("AuthenticAMD", True), ("GenuineIntel", False), ("", False)]
+)
+def test_decoding_prefers_onednn_on_amd_cpus_only(vendor: str, chosen: bool) -> None:
+    assert module.decode_on_onednn(vendor) is chosen

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import aiayn.model.linear as linear_library
 from aiayn.model.linear import Linear, linear
 
 
@@ -152,9 +153,7 @@ class OutputProjection(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.proj is not None:
             x = self.proj(x)
-        # decoding (no gradients): oneDNN on any CPU. A decoder step's few rows times the
-        # whole vocabulary is MKL's slow case even where it is fast otherwise (AVX2-only AMD
-        # EPYC: 32 x 256 -> 8000 in 3.4 ms on MKL, 1.5 ms on oneDNN; benchmarks/README.md)
-        return linear(
-            x, self.weight, self.bias, onednn=True if not torch.is_grad_enabled() else None
-        )
+        # decoding (no gradients) on an AMD CPU: oneDNN (aiayn.model.linear.DECODE_ONEDNN). A
+        # decoder step's few rows times the whole vocabulary is slow on AMD's MKL path
+        decoding = not torch.is_grad_enabled() and linear_library.DECODE_ONEDNN
+        return linear(x, self.weight, self.bias, onednn=True if decoding else None)
