@@ -1,6 +1,7 @@
 """Where a training update's time goes: `torch.profiler` over aiayn's real update (the
-LightningModule's loss, backward, its optimizer's step) at one of `train_speed.py`'s shapes;
-prints the operators by total CPU time.
+LightningModule's loss, backward, its optimizer's step) at one of `train_speed.py`'s shapes,
+with malloc keeping freed memory as in train.py (`aiayn.allocator`); prints the operators by
+total CPU time.
 
     python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25]
 """
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from aiayn.allocator import keep_freed_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_speed import SHAPES, aiayn_step, random_batch
@@ -28,9 +31,11 @@ def main() -> None:
     parser.add_argument("--tgt-len", type=int, default=24)
     parser.add_argument("--vocab", type=int, default=8000)
     args = parser.parse_args()
+    keep_freed_memory()  # as train.py does (aiayn.allocator)
     batch = random_batch(args, torch.device("cpu"))
     step = aiayn_step(SHAPES[args.shape], args.vocab, batch)
-    step()  # warm-up
+    for _ in range(3):  # warm-up; the kept heap settles within a few updates
+        step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             step()

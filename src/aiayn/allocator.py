@@ -9,8 +9,8 @@ pages and 2 ms into reused ones, and ``logsumexp`` over it 17 ms and 6 ms. With
 ``keep_freed_memory`` every request comes from the heap and freed memory stays there for the
 next step (glibc's ``M_MMAP_MAX`` 0 and a 1 GiB ``M_TRIM_THRESHOLD``, what jemalloc or
 tcmalloc, the allocators Intel's PyTorch guides recommend, do by design). The real
-``experiment=multi30k_cpu`` recipe trains ~9 % faster on that machine
-(``benchmarks/cpu_settings.py``); the process's resident memory then stays at its peak.
+``experiment=multi30k_cpu`` recipe trains 7-11 % faster on that machine for ~0.1 GB more
+resident memory (``benchmarks/cpu_settings.py``, recorded in ``benchmarks/README.md``).
 
 ``train.py`` turns it on; ``AIAYN_KEEP_FREED_MEMORY=0`` leaves malloc as it is. It is left
 alone as well where the C library is not glibc, where ``LD_PRELOAD`` brings another allocator,

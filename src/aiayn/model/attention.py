@@ -49,15 +49,14 @@ def sdpa(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, causal: bool
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` (``q (B, H, Tq, Dh)``, ``k, v (B, H, Tk, Dh)`` ->
-    ``(B, H, Tq, Dh)``), except that on the CPU a bf16/fp16 pass that takes gradients (bf16-mixed
+    ``(B, H, Tq, Dh)``), except that on the CPU a bfloat16 pass that takes gradients (bf16-mixed
     training) attends in float32 and returns the inputs' dtype: torch's CPU flash-attention
     backward is 5-8x slower in bf16 than in float32 (64 x 4 heads x 24 x 32 on a 2-core Sapphire
     Rapids Xeon: 9.0 ms against 1.1 ms, up and down casts included 1.3), which made a tiny
     model's bf16-mixed update slower than its float32 one. Inference keeps the bf16 kernels,
     whose forward pass is the faster one."""
-    low = q.dtype in (torch.bfloat16, torch.float16)
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if not (low and grads and q.device.type == "cpu"):
+    if not (q.dtype == torch.bfloat16 and grads and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
         )

@@ -47,8 +47,9 @@ def use_onednn(setting: str | None, vendor: str, flags: list[str]) -> bool:
 
 
 SETTING = os.environ.get("AIAYN_ONEDNN")
+VENDOR = cpu_vendor()
 ENABLED = torch.backends.mkldnn.is_available() and use_onednn(
-    SETTING, cpu_vendor(), cpu_flags()
+    SETTING, VENDOR, cpu_flags()
 )  # and torch's own switch, `torch.backends.mkldnn.flags(enabled=False)`, is read at each call
 MKL_FORCED = SETTING == "0"  # then a layer's own preference (`linear(onednn=True)`) yields too
 
@@ -59,7 +60,7 @@ def decode_on_onednn(vendor: str) -> bool:
     return vendor == "AuthenticAMD"
 
 
-DECODE_ONEDNN = decode_on_onednn(cpu_vendor())
+DECODE_ONEDNN = decode_on_onednn(VENDOR)
 
 
 def onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
