@@ -65,6 +65,30 @@ def test_label_smoothed_loss_gradient_equals_torchs(dtype):
         assert torch.autograd.gradcheck(lambda x: label_smoothed_loss(x, target, 0.2)[0], fresh)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_label_smoothed_loss_in_row_blocks_equals_it_whole(dtype, monkeypatch):
+    """The forward pass's log-sum-exp is taken a block of rows at a time (blocks of 3 rows
+    here, the last one short): loss, NLL and gradient equal torch's cross-entropy."""
+    from aiayn.training import loss as module
+
+    monkeypatch.setattr(module, "CHUNK_ELEMENTS", 3 * 11)
+    torch.manual_seed(2)
+    target = torch.tensor([[4, 5, 6, 0, 0], [7, 8, 9, 10, 2]])
+    logits = (3 * torch.randn(2, 5, 11)).to(dtype).requires_grad_()
+    loss, nll = label_smoothed_loss(logits, target, 0.1)
+    loss.backward()
+    reference = logits.detach().float().requires_grad_()
+    flat, gold = reference.view(-1, 11), target.view(-1)
+    ref = torch.nn.functional.cross_entropy(flat, gold, ignore_index=0, label_smoothing=0.1)
+    ref.backward()
+    ref_nll = torch.nn.functional.cross_entropy(flat, gold, ignore_index=0)
+    assert loss.dtype == nll.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-6)
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(logits.grad.float(), reference.grad, atol=tolerance, rtol=0)
+
+
 def test_atomic_checkpoint_write_never_replaces_a_good_file_with_a_partial_one(
     tmp_path, monkeypatch
 ):

@@ -20,6 +20,19 @@ def _at_least_float32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+CHUNK_ELEMENTS = 1 << 20  # logits per block of rows in `_logsumexp_rows` (4 MiB in float32)
+
+
+def _logsumexp_rows(logits: Tensor) -> Tensor:
+    """``logits (N, V)`` -> log-sum-exp of each row ``(N,)``, at least float32, a block of rows
+    at a time: ``torch.logsumexp`` builds two temporaries of its input's size (its shifted and
+    exponentiated copies), which for a whole batch's logits leave the cache (1536 x 8000: 7 ms
+    whole, 3.4 ms in blocks on a 2-core Sapphire Rapids Xeon) and at the paper's batch and
+    vocabulary (25k x 37k) would be two 3.7 GB buffers."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, logits.size(-1)))
+    return torch.cat([_at_least_float32(block).logsumexp(-1) for block in logits.split(rows)])
+
+
 class _LabelSmoothedCE(torch.autograd.Function):
     """(loss, nll) of `logits (N, V)` against `target (N,)`; rows at `pad_id` do not count."""
 
@@ -27,13 +40,13 @@ class _LabelSmoothedCE(torch.autograd.Function):
     def forward(
         ctx: Any, logits: Tensor, target: Tensor, epsilon: float, pad_id: int
     ) -> tuple[Tensor, Tensor]:
-        scores = _at_least_float32(logits)
-        lse = torch.logsumexp(scores, dim=-1)
-        gold = scores.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        lse = _logsumexp_rows(logits)
+        gold = _at_least_float32(logits.gather(-1, target.unsqueeze(-1)).squeeze(-1))
+        mean = logits.mean(dim=-1, dtype=lse.dtype)
         keep = target.ne(pad_id)
         ntokens = keep.sum().clamp(min=1)
         nll = ((lse - gold) * keep).sum() / ntokens
-        smooth = ((lse - scores.mean(dim=-1)) * keep).sum() / ntokens
+        smooth = ((lse - mean) * keep).sum() / ntokens
         ctx.save_for_backward(logits, target, lse, keep, ntokens)
         ctx.epsilon = epsilon
         ctx.mark_non_differentiable(nll)
