@@ -3,7 +3,8 @@ Face `transformers` `generate()` on a Marian model of the same size (random weig
 and beam 4, same inputs and output lengths.
 
     python benchmarks/decode_speed.py [--d-model 256 --heads 4 --layers 3 --ffn 1024
-        --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 5 --threads 2]
+        --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 5 --threads 2
+        --ct2-inter-threads 0]
 
 Every engine decodes exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: a
 hook masks the EOS logit; HF: `eos_token_id=None`; CTranslate2: min = max decoding length),
@@ -11,7 +12,10 @@ and all keep a key/value cache. Prints the machine, then sentences/s (best of `-
 alternating calls after a warm-up) for each strategy side by side, and the speed-ups over HF.
 "aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.model.linear`'s
 rule, the output projection on oneDNN on AMD CPUs); "aiayn MKL" with every product on MKL
-(`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU.
+(`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU. CTranslate2 runs as
+`translate.py engine=ctranslate2` does (`aiayn.inference.ct2.thread_split`): by default one
+single-threaded replica per thread, the batch split among them; `--ct2-inter-threads 1` gives
+CTranslate2's own default, one replica running `--threads` threads.
 
 Each engine runs in a process of its own: a CTranslate2 translator that has run in a process
 slows that process's torch products down by ~25 % (measured: aiayn greedy 211 -> 163 sent/s
@@ -34,6 +38,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from aiayn.export.ctranslate2 import ctranslate2_module, model_spec, save_spec
+from aiayn.inference.ct2 import sub_batch_size, thread_split
 from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -137,16 +142,22 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     ct2_dir = Path(tempfile.mkdtemp(prefix="ct2-bench-"))
     save_spec(model_spec(ours, vocab, vocab), ct2_dir)
     rows = [[vocab[i] for i in row] + ["<eos>"] for row in src.tolist()]
+    inter, intra = thread_split("cpu", args.ct2_inter_threads)  # as translate.py does
     translator = ctranslate2_module().Translator(
         str(ct2_dir),
         device="cpu",
         compute_type=name.split()[1].replace("fp32", "float32"),
-        intra_threads=args.threads,
+        inter_threads=inter,
+        intra_threads=intra,
     )
 
     def run(beams: int) -> None:
         out = translator.translate_batch(
-            rows, beam_size=beams, max_decoding_length=n, min_decoding_length=n
+            rows,
+            beam_size=beams,
+            max_decoding_length=n,
+            min_decoding_length=n,
+            max_batch_size=sub_batch_size(len(rows), inter),
         )
         assert all(len(r.hypotheses[0]) == n for r in out)
 
@@ -200,6 +211,7 @@ def main() -> None:
         ("new-tokens", 30),
         ("repeats", 5),
         ("threads", 2),
+        ("ct2-inter-threads", 0),
     ]:
         parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
@@ -214,6 +226,8 @@ def main() -> None:
         f"{args.new_tokens} tokens; torch {torch.__version__}, {args.threads} threads, "
         "one process per engine"
     )
+    inter, intra = thread_split("cpu", args.ct2_inter_threads)
+    print(f"CTranslate2: {inter} replica(s) x {intra} thread(s), the batch split among them")
     spawn = multiprocessing.get_context("spawn")
     conns, workers = [], []
     for name in ENGINES:

@@ -146,7 +146,7 @@ class TrainConfig:
 
 def _check_inference(config: TranslateConfig | EvalConfig) -> None:
     """The checks `translate` and `evaluate` share; ConfigError names the key."""
-    from aiayn.inference.ct2 import COMPUTE_TYPES, ENGINES
+    from aiayn.inference.ct2 import COMPUTE_TYPES, ENGINES, check_threads
 
     if not config.ckpt_path and not (config.engine == "ctranslate2" and config.ct2_path):
         raise ConfigError(
@@ -168,6 +168,7 @@ def _check_inference(config: TranslateConfig | EvalConfig) -> None:
         raise ConfigError(
             f"ct2_compute_type must be one of {COMPUTE_TYPES}, got {config.ct2_compute_type!r}"
         )
+    check_threads(config.ct2_inter_threads, config.ct2_intra_threads)
     batch_size, on_long = config.batch_size, config.on_long
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
@@ -192,6 +193,8 @@ class TranslateConfig:
     engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
+    ct2_inter_threads: int = 0  # CTranslate2 replicas (0: one per CPU thread; 1 on a GPU)
+    ct2_intra_threads: int = 0  # threads per replica (0: the CPU threads left, often 1)
     # a text file with one target prefix per input line, forced at the start of its output
     prefix_file: Optional[str] = None  # noqa: UP045
     progress: bool = True  # a progress bar on standard error (on a terminal only)
@@ -219,6 +222,8 @@ class EvalConfig:
     engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
+    ct2_inter_threads: int = 0  # CTranslate2 replicas (0: one per CPU thread; 1 on a GPU)
+    ct2_intra_threads: int = 0  # threads per replica (0: the CPU threads left, often 1)
     progress: bool = True  # a progress bar on standard error (on a terminal only)
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "eval"

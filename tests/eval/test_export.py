@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from aiayn.config import ExportConfig
-from aiayn.errors import CheckpointError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.export.ctranslate2 import cached_export, export, model_spec, save_spec
-from aiayn.inference.ct2 import CT2Translator, load_translator
+from aiayn.inference.ct2 import CT2Translator, load_translator, sub_batch_size, thread_split
 from aiayn.inference.evaluation import run as evaluate
 from aiayn.model import build_model
 from tests.eval.conftest import reference_translations
@@ -141,6 +141,35 @@ def test_beam_one_is_greedy_and_nbest_is_ordered(exported, sources, translator):
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_replicas_sharing_a_batch_decode_as_one_translator(exported, sources, translator, strategy):
+    """The CPU default: single-threaded replicas that split each batch among them give the
+    same hypotheses and scores as one translator decoding the whole batch."""
+    one = CT2Translator(exported, "cpu", "float32", inter_threads=1, intra_threads=1)
+    two = CT2Translator(exported, "cpu", "float32", inter_threads=2, intra_threads=1)
+    assert (one.engine.num_translators, two.engine.num_translators) == (1, 2)
+    settings = {"strategy": strategy, "beam_size": 3, "nbest": 2 if strategy == "beam" else 1}
+    src, _ = _collate(translator, sources)
+    a, b = (t.with_settings(settings).generate(src) for t in (one, two))
+    assert [[h.tokens for h in hyps] for hyps in a] == [[h.tokens for h in hyps] for hyps in b]
+    for x, y in zip(a, b, strict=True):
+        assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-5)
+    assert two.with_settings(settings).engine is two.engine  # the replicas are kept
+
+
+def test_threads_are_shared_out_as_configured(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert thread_split("cpu") == (4, 1)  # one single-threaded replica per thread
+    assert thread_split("cpu", inter=2) == (2, 2)
+    assert thread_split("cpu", intra=4) == (1, 4)  # CTranslate2's own way: one replica
+    assert thread_split("cpu", inter=3, intra=3) == (3, 3)  # as given, even oversubscribed
+    assert thread_split("cuda") == (1, 0)  # 0: CTranslate2's default
+    assert [sub_batch_size(n, 4) for n in (1, 7, 8, 9)] == [1, 2, 2, 3]
+    assert sub_batch_size(9, 1) == 0  # one replica: the whole batch
+    with pytest.raises(ConfigError, match="ct2_intra_threads must be >= 0"):
+        thread_split("cpu", intra=-1)
+
+
 def test_export_carries_tokenizer_decode_settings_and_run_data(exported, ckpt, translator):
     metadata = json.loads((exported / "aiayn.json").read_text())
     assert metadata["model"]["d_model"] == translator.model.config.d_model
@@ -219,6 +248,7 @@ def test_export_and_translate_commands(ckpt, sources, translator, tmp_path):
         (["engine=onnx", "ckpt_path=x.ckpt"], "engine must be one of"),
         (["engine=ctranslate2"], "ckpt_path is required"),
         (["ckpt_path=x.ckpt", "ct2_compute_type=int4"], "ct2_compute_type"),
+        (["ckpt_path=x.ckpt", "ct2_inter_threads=-2"], "ct2_inter_threads must be >= 0"),
     ],
 )
 def test_engine_settings_are_checked_by_name(overrides, message, tmp_path):

@@ -5,10 +5,16 @@ the PyTorch `Translator`'s, so both engines read and write the same lines. Greed
 gives the same tokens as the PyTorch decoder (tested), up to float rounding; beam search
 differs in one documented way: CTranslate2 normalises a hypothesis' score by
 `length ** length_penalty`, not by GNMT's `((5 + length) / 6) ** length_penalty`.
+
+Threads on the CPU: by default one translator replica per core (`inter_threads`), each on one
+thread (`intra_threads`), and each batch split among them. CTranslate2's own default, one
+replica with several OpenMP threads, synchronises its threads after every small product of a
+decoding step: on a 2-core Xeon that ran 4x slower than one thread (`benchmarks/README.md`).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +33,39 @@ COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_flo
 COMPUTE_TYPES += ("int8_bfloat16", "int16", "float16", "bfloat16")
 
 
+def check_threads(inter: int, intra: int) -> None:
+    """ConfigError, naming the key, for a negative thread count."""
+    for key, value in (("ct2_inter_threads", inter), ("ct2_intra_threads", intra)):
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0 (0: choose), got {value}")
+
+
+def thread_split(device: str, inter: int = 0, intra: int = 0) -> tuple[int, int]:
+    """`(inter_threads, intra_threads)` for a CTranslate2 translator on `device` ('cpu' or
+    'cuda'); 0 means "choose". On the CPU the threads this process may use
+    (`torch.get_num_threads()`, which follows `OMP_NUM_THREADS`) are shared out: by default one
+    single-threaded replica per thread; a given count takes its share of the rest. On a GPU:
+    one replica, and CTranslate2's default for its CPU-side threads."""
+    check_threads(inter, intra)
+    if device == "cuda":
+        return inter or 1, intra
+    threads = torch.get_num_threads()
+    if not inter:
+        inter = max(1, threads // (intra or 1))
+    return inter, intra or max(1, threads // inter)
+
+
+def sub_batch_size(rows: int, inter_threads: int) -> int:
+    """The `max_batch_size` that splits a batch of `rows` among `inter_threads` replicas (0:
+    the whole batch at once, for one replica)."""
+    return math.ceil(rows / inter_threads) if inter_threads > 1 else 0
+
+
 class CT2Translator(Translator):
     """Translate with the CTranslate2 model in `directory` (an export: see
     `aiayn.export.ctranslate2`), on `device` ('cpu', 'cuda' or 'auto'), computing in
-    `compute_type` ('default': as exported; 'int8' quantizes a float32 export on load)."""
+    `compute_type` ('default': as exported; 'int8' quantizes a float32 export on load), with
+    `inter_threads` replicas of `intra_threads` threads each (0: chosen by `thread_split`)."""
 
     def __init__(
         self,
@@ -40,6 +75,8 @@ class CT2Translator(Translator):
         decode: DecodeConfig | None = None,
         on_long: str = "truncate",
         engine: Any = None,
+        inter_threads: int = 0,
+        intra_threads: int = 0,
     ) -> None:
         ctranslate2 = ctranslate2_module()
         if compute_type not in COMPUTE_TYPES:
@@ -50,8 +87,18 @@ class CT2Translator(Translator):
         self.directory, self.metadata = Path(directory), metadata
         self.config = ModelConfig(**metadata["model"])
         self.tokenizers = Tokenizers.load(directory)
+        ct2_device = _device(device)
+        if ct2_device == "auto":
+            ct2_device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
+        self.inter_threads, self.intra_threads = thread_split(
+            ct2_device, inter_threads, intra_threads
+        )
         self.engine = engine or ctranslate2.Translator(
-            str(directory), device=_device(device), compute_type=compute_type
+            str(directory),
+            device=ct2_device,
+            compute_type=compute_type,
+            inter_threads=self.inter_threads,
+            intra_threads=self.intra_threads,
         )
         self.compute_type, self.ct2_device = compute_type, device
         self.decode = decode or DecodeConfig(**metadata["decode"])
@@ -80,6 +127,8 @@ class CT2Translator(Translator):
             settings,
             on_long or self.on_long,
             engine=self.engine,
+            inter_threads=self.inter_threads,
+            intra_threads=self.intra_threads,
         )
 
     def generate(
@@ -117,6 +166,7 @@ class CT2Translator(Translator):
             max_input_length=0,
             max_decoding_length=max(limits),
             min_decoding_length=0,
+            max_batch_size=sub_batch_size(len(rows), self.inter_threads),
             return_scores=True,
             **options,
         )
@@ -166,9 +216,12 @@ def load_translator(
     engine: str = "torch",
     ct2_path: str | None = None,
     ct2_compute_type: str = "default",
+    ct2_inter_threads: int = 0,
+    ct2_intra_threads: int = 0,
 ) -> Translator:
     """The translator `translate.py` and `evaluate.py` use: the checkpoint's Transformer
-    (`engine=torch`), or CTranslate2 on `ct2_path` or on the checkpoint's cached conversion."""
+    (`engine=torch`), or CTranslate2 on `ct2_path` or on the checkpoint's cached conversion,
+    with `ct2_inter_threads` replicas of `ct2_intra_threads` threads (0: chosen)."""
     from aiayn.export.ctranslate2 import cached_export
     from aiayn.inference.checkpoint import load_checkpoint
 
@@ -183,4 +236,10 @@ def load_translator(
     if tokenizer is not None:
         raise ConfigError("tokenizer=... is for engine=torch; an export carries its tokenizer")
     directory = Path(ct2_path) if ct2_path else cached_export(ckpt_path)  # type: ignore[arg-type]
-    return CT2Translator(directory, device, ct2_compute_type)
+    return CT2Translator(
+        directory,
+        device,
+        ct2_compute_type,
+        inter_threads=ct2_inter_threads,
+        intra_threads=ct2_intra_threads,
+    )

@@ -148,6 +148,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         engine=config.engine,
         ct2_path=config.ct2_path,
         ct2_compute_type=config.ct2_compute_type,
+        ct2_inter_threads=config.ct2_inter_threads,
+        ct2_intra_threads=config.ct2_intra_threads,
     )
     translator = translator.with_settings(config.decode, config.on_long)
     data = config.data or _data_of(config.ckpt_path, translator)

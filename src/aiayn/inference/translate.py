@@ -188,6 +188,8 @@ def run(cfg: DictConfig | dict) -> int:
         config.engine,
         config.ct2_path,
         config.ct2_compute_type,
+        config.ct2_inter_threads,
+        config.ct2_intra_threads,
     )
     translator = loaded.with_settings(config.decode, config.on_long)
     source = "<stdin>" if config.input == "-" else config.input
