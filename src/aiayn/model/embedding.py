@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import aiayn.model.linear as linear_library
+from aiayn.model.dropout import Dropout
 from aiayn.model.linear import Linear, linear
 
 
@@ -113,7 +114,7 @@ class Embedding(nn.Module):
         else:
             raise ValueError(f"positional={positional!r} is unknown; use 'sinusoidal' or 'learned'")
         self.max_positions = max_positions
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         length = tokens.size(1)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention
 from aiayn.model.cache import LayerCache
 from aiayn.model.config import ModelConfig
+from aiayn.model.dropout import Dropout
 from aiayn.model.linear import Linear
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
@@ -49,7 +50,7 @@ class FeedForward(nn.Module):
         self.linear1 = Linear(d_model, d_ff)
         self.linear2 = Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -67,7 +68,7 @@ class EncoderLayer(nn.Module):
         self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -93,7 +94,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.norm3 = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
     def forward(
