@@ -43,7 +43,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or type(x) is not Tensor or p >= 1.0:
         return F.dropout(x, p, training)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # inductor fuses its own
         return F.dropout(x, p, training)
     bits = torch.empty(x.shape, dtype=torch.int32).random_()  # uniform in [0, 2**31)
     return _Keep.apply(x, bits >= round(p * 2**31), 1.0 / (1.0 - p))
