@@ -4,7 +4,7 @@ and beam 4, same inputs and output lengths.
 
     python benchmarks/decode_speed.py [--d-model 256 --heads 4 --layers 3 --ffn 1024
         --vocab 8000 --batch-size 32 --src-len 20 --new-tokens 30 --repeats 5 --threads 2
-        --ct2-inter-threads 0]
+        --ct2-inter-threads 0 --ct2-intra-threads 0]
 
 Every engine decodes exactly `--new-tokens` tokens per sentence: EOS is disabled (aiayn: a
 hook masks the EOS logit; HF: `eos_token_id=None`; CTranslate2: min = max decoding length),
@@ -15,7 +15,8 @@ rule, the output projection on oneDNN on AMD CPUs); "aiayn MKL" with every produ
 (`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU. CTranslate2 runs as
 `translate.py engine=ctranslate2` does (`aiayn.inference.ct2.thread_split`): by default one
 single-threaded replica per thread, the batch split among them; `--ct2-inter-threads 1` gives
-CTranslate2's own default, one replica running `--threads` threads.
+CTranslate2's own default, one replica running `--threads` threads, and `--ct2-inter-threads 1
+--ct2-intra-threads 1` one replica on one thread.
 
 Each engine runs in a process of its own: a CTranslate2 translator that has run in a process
 slows that process's torch products down by ~25 % (measured: aiayn greedy 211 -> 163 sent/s
@@ -142,7 +143,7 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     ct2_dir = Path(tempfile.mkdtemp(prefix="ct2-bench-"))
     save_spec(model_spec(ours, vocab, vocab), ct2_dir)
     rows = [[vocab[i] for i in row] + ["<eos>"] for row in src.tolist()]
-    inter, intra = thread_split("cpu", args.ct2_inter_threads)  # as translate.py does
+    inter, intra = args.ct2_split
     translator = ctranslate2_module().Translator(
         str(ct2_dir),
         device="cpu",
@@ -212,6 +213,7 @@ def main() -> None:
         ("repeats", 5),
         ("threads", 2),
         ("ct2-inter-threads", 0),
+        ("ct2-intra-threads", 0),
     ]:
         parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
@@ -226,7 +228,9 @@ def main() -> None:
         f"{args.new_tokens} tokens; torch {torch.__version__}, {args.threads} threads, "
         "one process per engine"
     )
-    inter, intra = thread_split("cpu", args.ct2_inter_threads)
+    # as translate.py does; computed here, where torch's threads are set, for every engine
+    args.ct2_split = thread_split("cpu", args.ct2_inter_threads, args.ct2_intra_threads)
+    inter, intra = args.ct2_split
     print(f"CTranslate2: {inter} replica(s) x {intra} thread(s), the batch split among them")
     spawn = multiprocessing.get_context("spawn")
     conns, workers = [], []

@@ -1,10 +1,10 @@
 """Dropout whose CPU masks come from 31-bit random integers.
 
-torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially at ~5 ns an element
-(3.8 ms for one 64 x 24 x 512 activation on a 2-core Xeon): about 7 % of a base-shape training
-update, more at small shapes (``benchmarks/README.md``). ``int32.random_()`` draws 31 uniform
-bits an element at ~1.5 ns, and ``bits >= round(p * 2**31)`` keeps an element with probability
-``1 - p`` to within 2**-31. The mask is kept as bools for the backward pass (1 byte an element,
+torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially at ~5 ns an element.
+``int32.random_()`` draws 31 uniform bits an element at ~1.5 ns, and ``bits >= round(p * 2**31)``
+keeps an element with probability ``1 - p`` to within 2**-31. On a 2-core Xeon one training
+update ran 3-6 % faster for it (``benchmarks/kernels.py``, recorded in
+``benchmarks/README.md``). The mask is kept as bools for the backward pass (1 byte an element,
 where torch keeps 4-byte float noise).
 
 The masks come from the same generator as torch's (the default CPU generator, which
@@ -41,9 +41,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``F.dropout(x, p, training)`` with the CPU mask drawn as described above."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or type(x) is not Tensor or p >= 1.0:
-        return F.dropout(x, p, training)
-    if torch.compiler.is_compiling():  # inductor fuses its own
+    cpu = x.device.type == "cpu" and type(x) is Tensor
+    if not cpu or p >= 1.0 or torch.compiler.is_compiling():  # inductor fuses its own
         return F.dropout(x, p, training)
     bits = torch.empty(x.shape, dtype=torch.int32).random_()  # uniform in [0, 2**31)
     return _Keep.apply(x, bits >= round(p * 2**31), 1.0 / (1.0 - p))

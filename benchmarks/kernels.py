@@ -1,0 +1,152 @@
+"""The kernel-level measurements behind aiayn's CPU choices, each beside the alternative it
+replaced, and the one-update A/B of aiayn's dropout against torch's:
+
+- fresh vs reused pages: a copy of a 1536 x 8000 float32 tensor (a batch's logits) into
+  memory glibc maps anew for each call, then into memory it keeps (`aiayn.allocator`);
+- log-sum-exp of 1536 x 8000 logits whole vs a block of rows at a time (`training.loss`);
+- dropout of a 64 x 24 x 512 activation: `F.dropout` (its mask from `bernoulli_`) vs aiayn's
+  (`model.dropout`: 31-bit integers);
+- attention forward and backward on bf16 inputs, 64 x 4 heads x 24 x 32: torch's bf16 kernel
+  vs `model.attention.sdpa` (which attends in float32 while training on the CPU);
+- a decode step's output projection, 32 or 128 rows x 256 -> 8000, MKL vs oneDNN
+  (`model.linear.DECODE_ONEDNN`);
+- one training update at `train_speed.py`'s shapes with aiayn's dropout vs `F.dropout`,
+  alternating in one process (best of `--repeats`).
+
+    python benchmarks/kernels.py [--repeats 20] [--updates 7] [--threads 2]
+
+Each line is the best of `--repeats` calls after warm-up. Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.allocator import keep_freed_memory
+from aiayn.model import dropout as dropout_module
+from aiayn.model.attention import sdpa
+from aiayn.model.linear import onednn_product
+from aiayn.training.loss import _logsumexp_rows
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import describe
+from train_speed import SHAPES, aiayn_step, best_seconds, random_batch
+
+
+def best_ms(call: Callable[[], object], repeats: int) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def row(what: str, first: str, second: str, a: float, b: float) -> None:
+    print(f"| {what} | {first} {a:.2f} ms | {second} {b:.2f} ms | {a / b:.2f}x |", flush=True)
+
+
+def attention(attend: Callable[..., torch.Tensor]) -> Callable[[], None]:
+    """Forward and backward of `attend(q, k, v)` on bf16 inputs that take gradients."""
+    q, k, v = (torch.randn(64, 4, 24, 32).bfloat16().requires_grad_() for _ in range(3))
+    grad = torch.randn(64, 4, 24, 32).bfloat16()
+    return lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), grad)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--updates", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    info = describe()
+    print(f"machine: {info['cpu']}, {args.threads} threads, flags {info['flags']}")
+    print(f"fp32 peak {info['fp32_gflops']} GFLOP/s, bf16 {info['bf16_gflops']}; {info['torch']}")
+    print("| what | first | second | first / second |")
+    print("|---|---:|---:|---:|")
+    logits = torch.randn(1536, 8000)
+    fresh = best_ms(logits.clone, args.repeats)  # glibc's default: 49 MB are mmap'd anew
+    kept = keep_freed_memory()
+    reused = best_ms(logits.clone, args.repeats)
+    row(
+        "copy 1536 x 8000 (malloc keeps freed memory: " + str(kept) + ")",
+        "fresh pages",
+        "reused",
+        fresh,
+        reused,
+    )
+    whole = best_ms(lambda: logits.logsumexp(-1), args.repeats)
+    row(
+        "log-sum-exp 1536 x 8000",
+        "whole",
+        "row blocks",
+        whole,
+        best_ms(lambda: _logsumexp_rows(logits), args.repeats),
+    )
+    x = torch.randn(64, 24, 512)
+    row(
+        "dropout 0.1 of 64 x 24 x 512",
+        "F.dropout",
+        "aiayn",
+        best_ms(lambda: F.dropout(x, 0.1), args.repeats),
+        best_ms(lambda: dropout_module.dropout(x, 0.1), args.repeats),
+    )
+    row(
+        "bf16 attention, forward + backward",
+        "torch's bf16 kernel",
+        "aiayn sdpa",
+        best_ms(attention(F.scaled_dot_product_attention), args.repeats),
+        best_ms(attention(lambda q, k, v: sdpa(q, k, v, None, 0.0, False)), args.repeats),
+    )
+    weight = torch.randn(8000, 256)
+    for rows in (32, 128):
+        h = torch.randn(rows, 256)
+        row(
+            f"output projection {rows} x 256 -> 8000",
+            "oneDNN",
+            "MKL",
+            best_ms(lambda h=h: onednn_product(h, weight), args.repeats),
+            best_ms(lambda h=h: F.linear(h, weight), args.repeats),
+        )
+    print()
+    print("| one update | F.dropout tgt tok/s | aiayn dropout tgt tok/s | speed-up |")
+    print("|---|---:|---:|---:|")
+    sizes = argparse.Namespace(batch_size=64, src_len=24, tgt_len=24, vocab=8000)
+    batch = random_batch(sizes, torch.device("cpu"))
+    for name, shape in SHAPES.items():
+        ours, theirs = aiayn_step(shape, 8000, batch), aiayn_step(shape, 8000, batch)
+        t_ours, t_theirs = best_seconds([ours, with_torch_dropout(theirs)], args.updates, idle)
+        rates = f"{batch.num_tgt_tokens / t_theirs:.0f} | {batch.num_tgt_tokens / t_ours:.0f}"
+        print(f"| {name} | {rates} | {t_theirs / t_ours:.2f}x |", flush=True)
+
+
+def idle() -> None:
+    """Nothing to wait for on the CPU (`best_seconds` synchronises a GPU with it)."""
+
+
+def with_torch_dropout(step: Callable[[], None]) -> Callable[[], None]:
+    """`step` with `F.dropout` in place of aiayn's (`Dropout.forward` looks it up per call)."""
+    ours = dropout_module.dropout
+
+    def run() -> None:
+        dropout_module.dropout = lambda x, p, training=True: F.dropout(x, p, training)
+        try:
+            step()
+        finally:
+            dropout_module.dropout = ours
+
+    return run
+
+
+if __name__ == "__main__":
+    main()
