@@ -5,7 +5,7 @@ as it sees them freed) with fresh pages from ``mmap`` and unmaps them on ``free`
 step allocates its activations, logits and gradients anew each time, so each step faults in
 all of those pages again, one 4 KiB page at a time: on a 2-core Xeon (Sapphire Rapids) a copy
 of a 1536 x 8000 float32 tensor (the logits of a 64 x 24-token batch) took 11 ms into fresh
-pages and 2 ms into reused ones (``benchmarks/kernels.py``). With
+pages and 2-3 ms into reused ones (``benchmarks/kernels.py``). With
 ``keep_freed_memory`` every request comes from the heap and freed memory stays there for the
 next step (glibc's ``M_MMAP_MAX`` 0 and a 1 GiB ``M_TRIM_THRESHOLD``, what jemalloc or
 tcmalloc, the allocators Intel's PyTorch guides recommend, do by design). The real

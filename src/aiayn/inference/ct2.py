@@ -9,7 +9,8 @@ differs in one documented way: CTranslate2 normalises a hypothesis' score by
 Threads on the CPU: by default one translator replica per core (`inter_threads`), each on one
 thread (`intra_threads`), and each batch split among them. CTranslate2's own default, one
 replica with several OpenMP threads, synchronises its threads after every small product of a
-decoding step: on a 2-core Xeon that ran 4x slower than one thread (`benchmarks/README.md`).
+decoding step: on a 2-core Xeon two threads decoded at half the speed of one, and two
+one-thread replicas at twice its speed (`benchmarks/decode_speed.py`, `benchmarks/README.md`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially at ~5 ns an element.
 ``int32.random_()`` draws 31 uniform bits an element at ~1.5 ns, and ``bits >= round(p * 2**31)``
 keeps an element with probability ``1 - p`` to within 2**-31. On a 2-core Xeon one training
-update ran 3-6 % faster for it (``benchmarks/kernels.py``, recorded in
+update ran 2-6 % faster for it (``benchmarks/kernels.py``, recorded in
 ``benchmarks/README.md``). The mask is kept as bools for the backward pass (1 byte an element,
 where torch keeps 4-byte float noise).
 

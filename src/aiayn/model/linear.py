@@ -10,9 +10,9 @@ AVX-512 and AMX); ``AIAYN_ONEDNN=1`` or ``0`` forces the choice. One layer prefe
 every AMD CPU (`DECODE_ONEDNN`): the output projection while decoding (`OutputProjection`), a
 few rows times the whole vocabulary, where AMD's MKL path is slow even on CPUs where it is
 fast otherwise (AVX2-only AMD EPYC: 32 x 256 -> 8000 in 3.4 ms on MKL, 1.5 ms on oneDNN); on
-an Intel Xeon (Sapphire Rapids) MKL is as fast there or faster (0.58 vs 0.61 ms; 128 rows,
-beam 4's: 1.47 vs 1.82 ms; ``benchmarks/kernels.py``), so it keeps MKL; ``0`` overrides that
-too.
+an Intel Xeon (Sapphire Rapids) MKL is as fast there or faster (0.50-0.58 vs 0.53-0.61 ms;
+128 rows, beam 4's: 1.38-1.47 vs 1.72-1.82 ms; ``benchmarks/kernels.py``), so it keeps MKL;
+``0`` overrides that too.
 Where oneDNN is on, ``linear`` sends float32 CPU products to it
 (``torch.ops.mkldnn._linear_pointwise``, in the forward pass and for both products of the
 backward pass) and everything else to ``F.linear``: GPUs, other dtypes and autocast

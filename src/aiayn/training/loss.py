@@ -26,8 +26,8 @@ CHUNK_ELEMENTS = 1 << 20  # logits per block of rows in `_logsumexp_rows` (4 MiB
 def _logsumexp_rows(logits: Tensor) -> Tensor:
     """``logits (N, V)`` -> log-sum-exp of each row ``(N,)``, at least float32, a block of rows
     at a time: ``torch.logsumexp`` builds two temporaries of its input's size (its shifted and
-    exponentiated copies), which for a whole batch's logits leave the cache (1536 x 8000: 7.3 ms
-    whole, 5.1 ms in blocks on a 2-core Sapphire Rapids Xeon; ``benchmarks/kernels.py``) and
+    exponentiated copies), which for a whole batch's logits leave the cache (1536 x 8000: 7-10 ms
+    whole, 4.5-5 ms in blocks on a 2-core Sapphire Rapids Xeon; ``benchmarks/kernels.py``) and
     at the paper's batch and vocabulary (25k x 37k) would be two 3.7 GB buffers."""
     rows = max(1, CHUNK_ELEMENTS // max(1, logits.size(-1)))
     return torch.cat([_at_least_float32(block).logsumexp(-1) for block in logits.split(rows)])
