@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -103,9 +105,11 @@ def products_on_mkl() -> None:
 def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     """`run(beams)`: one call of engine `name` on the benchmark's batch (built from seed 0, so
     every process holds the same weights and inputs)."""
-    torch.set_num_threads(args.threads)
-    ours, marian = build(args)
-    src = torch.randint(4, args.vocab, (args.batch_size, args.src_len))
+    if name.startswith("CT2"):
+        inter, intra = args.ct2_split
+        compute_type = name.split()[1].replace("fp32", "float32")
+        return ct2_engine(args, compute_type, inter, intra)
+    ours, marian, src = models_and_batch(args)
     n = args.new_tokens
     if name == "aiayn MKL":
         products_on_mkl()
@@ -139,18 +143,39 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
             assert out.shape == (args.batch_size, n + 1)  # decoder start + n tokens
 
         return run
+    raise ValueError(f"no engine {name!r}")
+
+
+def models_and_batch(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel, torch.Tensor]:
+    """The two models and the source batch, the same in every process (seed 0); torch's
+    threads set."""
+    torch.set_num_threads(args.threads)
+    ours, marian = build(args)
+    return ours, marian, torch.randint(4, args.vocab, (args.batch_size, args.src_len))
+
+
+def ct2_engine(
+    args: argparse.Namespace,
+    compute_type: str,
+    inter: int,
+    intra: int,
+    **options: object,
+) -> Callable[[int], None]:
+    """`run(beams)` of aiayn's model exported to CTranslate2 (`compute_type`), as `inter`
+    replicas of `intra` threads sharing out the batch; `options` go to `translate_batch`."""
+    ours, _, src = models_and_batch(args)
     vocab = ["<pad>", "<bos>", "<eos>", "<unk>", *(f"w{i}" for i in range(4, args.vocab))]
     ct2_dir = Path(tempfile.mkdtemp(prefix="ct2-bench-"))
     save_spec(model_spec(ours, vocab, vocab), ct2_dir)
     rows = [[vocab[i] for i in row] + ["<eos>"] for row in src.tolist()]
-    inter, intra = args.ct2_split
     translator = ctranslate2_module().Translator(
         str(ct2_dir),
         device="cpu",
-        compute_type=name.split()[1].replace("fp32", "float32"),
+        compute_type=compute_type,
         inter_threads=inter,
         intra_threads=intra,
     )
+    n = args.new_tokens
 
     def run(beams: int) -> None:
         out = translator.translate_batch(
@@ -159,15 +184,17 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
             max_decoding_length=n,
             min_decoding_length=n,
             max_batch_size=sub_batch_size(len(rows), inter),
+            **options,
         )
         assert all(len(r.hypotheses[0]) == n for r in out)
 
     return run
 
 
-def serve(name: str, args: argparse.Namespace, conn: Connection) -> None:
-    """An engine's own process: answers each `beams` sent with the seconds of one call."""
-    run = engine(name, args)
+def serve(make: Callable[[], Callable[[int], None]], conn: Connection) -> None:
+    """An engine's own process (`make()` builds its `run`): answers each `beams` sent with the
+    seconds of one call."""
+    run = make()
     conn.send("ready")
     while (beams := conn.recv()) is not None:
         start = time.perf_counter()
@@ -199,8 +226,12 @@ def best_times(conns: list[Connection], beams: int, repeats: int) -> list[float]
     return [min(spent) for spent in times]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(
+    description: str, extra: tuple[tuple[str, int | str], ...] = ()
+) -> argparse.Namespace:
+    """The model, batch and timing options (and `extra`'s, typed as their defaults), parsed;
+    torch's threads set."""
+    parser = argparse.ArgumentParser(description=description)
     for name, default in [
         ("d-model", 256),
         ("heads", 4),
@@ -212,12 +243,16 @@ def main() -> None:
         ("new-tokens", 30),
         ("repeats", 5),
         ("threads", 2),
-        ("ct2-inter-threads", 0),
-        ("ct2-intra-threads", 0),
+        *extra,
     ]:
-        parser.add_argument(f"--{name}", type=int, default=default)
+        parser.add_argument(f"--{name}", type=type(default), default=default)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def print_setting(args: argparse.Namespace) -> None:
+    """The machine, the library versions, the model and the batch."""
     info = describe()
     print(f"machine: {info['cpu']}, {info['threads']} threads, flags {info['flags']}")
     print(f"fp32 GEMM peak {info['fp32_gflops']} GFLOP/s, bf16 {info['bf16_gflops']}")
@@ -228,20 +263,51 @@ def main() -> None:
         f"{args.new_tokens} tokens; torch {torch.__version__}, {args.threads} threads, "
         "one process per engine"
     )
-    # as translate.py does; computed here, where torch's threads are set, for every engine
-    args.ct2_split = thread_split("cpu", args.ct2_inter_threads, args.ct2_intra_threads)
-    inter, intra = args.ct2_split
-    print(f"CTranslate2: {inter} replica(s) x {intra} thread(s), the batch split among them")
+
+
+def start(
+    makers: list[Callable[[], Callable[[int], None]]], env: list[dict[str, str]] | None = None
+) -> tuple[list[Connection], list[multiprocessing.process.BaseProcess]]:
+    """One process per engine (`serve(maker)`), each started with ``env[i]`` added to this
+    process's environment; returns once all are ready."""
     spawn = multiprocessing.get_context("spawn")
     conns, workers = [], []
-    for name in ENGINES:
+    for i, make in enumerate(makers):
         mine, theirs = spawn.Pipe()
-        workers.append(spawn.Process(target=serve, args=(name, args, theirs), daemon=True))
-        workers[-1].start()
+        workers.append(spawn.Process(target=serve, args=(make, theirs), daemon=True))
+        extra = env[i] if env else {}
+        saved = {key: os.environ.get(key) for key in extra}
+        os.environ.update(extra)  # a spawned child starts with the parent's environment
+        try:
+            workers[-1].start()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key)
+                else:
+                    os.environ[key] = value
         theirs.close()  # the child holds it: its exit then ends `receive` with EOFError
         conns.append(mine)
     for conn in conns:
         assert receive(conn) == "ready"
+    return conns, workers
+
+
+def stop(conns: list[Connection], workers: list[multiprocessing.process.BaseProcess]) -> None:
+    """Ends the engines' processes."""
+    for conn, worker in zip(conns, workers, strict=True):
+        conn.send(None)
+        worker.join()
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], (("ct2-inter-threads", 0), ("ct2-intra-threads", 0)))
+    print_setting(args)
+    # as translate.py does; computed here, where torch's threads are set, for every engine
+    args.ct2_split = thread_split("cpu", args.ct2_inter_threads, args.ct2_intra_threads)
+    inter, intra = args.ct2_split
+    print(f"CTranslate2: {inter} replica(s) x {intra} thread(s), the batch split among them")
+    conns, workers = start([partial(engine, name, args) for name in ENGINES])
     header = " | ".join(f"{x} sent/s" for x in ENGINES)
     print(f"| strategy | {header} | aiayn/HF | CT2 int8/HF |")
     print("|" + "---|" * (len(ENGINES) + 3))
@@ -251,9 +317,7 @@ def main() -> None:
         name = "greedy" if beams == 1 else f"beam {beams}"
         hf_s = seconds[-1]
         print(f"| {name} | {rates} | {hf_s / seconds[0]:.2f}x | {hf_s / seconds[3]:.2f}x |")
-    for conn, worker in zip(conns, workers, strict=True):
-        conn.send(None)
-        worker.join()
+    stop(conns, workers)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Iterable
 
 import torch
 
@@ -32,10 +33,11 @@ def cpu_vendor() -> str:
     return _cpuinfo("vendor_id") or ""
 
 
-def cpu_flags() -> list[str]:
-    """The flags of `FLAGS` this CPU has (what decides fp32/bf16 matmul speed)."""
+def cpu_flags(wanted: Iterable[str] = FLAGS) -> list[str]:
+    """The flags of ``wanted`` (default `FLAGS`: what decides fp32/bf16 matmul speed) this CPU
+    has."""
     present = set((_cpuinfo("flags") or "").split())
-    return [f for f in FLAGS if f in present]
+    return [f for f in wanted if f in present]
 
 
 def bf16_native(device: torch.device | str = "cpu") -> bool:

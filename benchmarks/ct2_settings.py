@@ -1,0 +1,84 @@
+"""Which CTranslate2 settings pay on this CPU: decode_speed.py's model and batch, exported to
+CTranslate2, decoded greedy and with beam 4 under each setting below, beside Hugging Face
+`generate()` in the same run.
+
+    python benchmarks/ct2_settings.py [--compute-type int8|float32] [decode_speed.py's options]
+
+Settings (each in a process of its own, the calls alternating as in decode_speed.py):
+- as aiayn ships (`aiayn.inference.ct2.thread_split`): one single-threaded replica per thread,
+  the batch split among them;
+- CTranslate2's own default: one replica running all threads;
+- twice as many single-threaded replicas as threads;
+- `return_scores=False` (aiayn asks for scores: translate.py writes them);
+- the environment variables CTranslate2 reads: `CT2_FORCE_CPU_ISA=AVX512` (never chosen by
+  CTranslate2 itself; only on CPUs with AVX-512 F/CD/VL/DQ/BW), `CT2_PACKED_GEMM=0` (MKL's
+  pre-packed weights off), and the other GEMM library (`CT2_USE_MKL=0` on Intel CPUs, where
+  MKL is the default; `=1` elsewhere).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_speed import arguments, best_times, ct2_engine, engine, print_setting, start, stop
+
+from aiayn.inference.ct2 import thread_split
+from aiayn.machine import cpu_flags, cpu_vendor
+
+AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")  # what CTranslate2 checks
+
+
+def settings(threads: int) -> list[tuple[str, dict[str, str], int, int, dict[str, object]]]:
+    """(label, environment, replicas, threads per replica, `translate_batch` options)."""
+    inter, intra = thread_split("cpu", 0, 0)
+    shipped: list[tuple[str, dict[str, str], int, int, dict[str, object]]] = [
+        ("as aiayn ships", {}, inter, intra, {}),
+        ("CTranslate2's default: 1 replica", {}, 1, threads, {}),
+        (f"{2 * inter} replicas", {}, 2 * inter, 1, {}),
+        ("return_scores=False", {}, inter, intra, {"return_scores": False}),
+    ]
+    if len(cpu_flags(AVX512)) == len(AVX512):
+        shipped.append(
+            ("CT2_FORCE_CPU_ISA=AVX512", {"CT2_FORCE_CPU_ISA": "AVX512"}, inter, intra, {})
+        )
+    shipped.append(("CT2_PACKED_GEMM=0", {"CT2_PACKED_GEMM": "0"}, inter, intra, {}))
+    mkl = "0" if cpu_vendor() == "GenuineIntel" else "1"
+    shipped.append((f"CT2_USE_MKL={mkl}", {"CT2_USE_MKL": mkl}, inter, intra, {}))
+    return shipped
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], (("compute-type", "int8"),))
+    print_setting(args)
+    rows = settings(args.threads)
+    makers = [
+        partial(ct2_engine, args, args.compute_type, inter, intra, **options)
+        for _, _, inter, intra, options in rows
+    ]
+    conns, workers = start(
+        [*makers, partial(engine, "HF", args)], [env for _, env, *_ in rows] + [{}]
+    )
+    times = {beams: best_times(conns, beams, args.repeats) for beams in (1, 4)}
+    stop(conns, workers)
+    print(
+        f"CTranslate2 {args.compute_type}, sentences/s; HF generate(): "
+        + ", ".join(
+            f"{args.batch_size / times[b][-1]:.1f} ({'greedy' if b == 1 else 'beam 4'})"
+            for b in times
+        )
+    )
+    print("| setting | replicas x threads | greedy | / HF | beam 4 | / HF |")
+    print("|---|---|---:|---:|---:|---:|")
+    for i, (label, _, inter, intra, _) in enumerate(rows):
+        cells = " | ".join(
+            f"{args.batch_size / times[b][i]:.1f} | {times[b][-1] / times[b][i]:.2f}x"
+            for b in times
+        )
+        print(f"| {label} | {inter} x {intra} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
