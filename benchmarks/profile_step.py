@@ -1,7 +1,7 @@
-"""Where a training update's time goes: `torch.profiler` over aiayn's real update (the
-LightningModule's loss, backward, its optimizer's step) at one of `train_speed.py`'s shapes,
-with malloc keeping freed memory as in train.py (`aiayn.allocator`); prints the operators by
-total CPU time.
+"""Where a training update's time goes: aiayn's real update (the LightningModule's loss,
+backward, its optimizer's step) at one of `train_speed.py`'s shapes, with malloc keeping freed
+memory as in train.py (`aiayn.allocator`). Prints the wall-clock time of each phase (the best
+of `--steps` updates), then `torch.profiler`'s operators by total CPU time over as many more.
 
     python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25]
 """
@@ -33,9 +33,19 @@ def main() -> None:
     args = parser.parse_args()
     keep_freed_memory()  # as train.py does (aiayn.allocator)
     batch = random_batch(args, torch.device("cpu"))
-    step = aiayn_step(SHAPES[args.shape], args.vocab, batch)
+    phases: dict[str, list[float]] = {}
+    step = aiayn_step(SHAPES[args.shape], args.vocab, batch, phases=phases)
     for _ in range(3):  # warm-up; the kept heap settles within a few updates
         step()
+    phases.clear()
+    for _ in range(args.steps):  # unprofiled: the profiler inflates memory-bound operators
+        step()
+    best = {name: min(seconds) * 1e3 for name, seconds in phases.items()}
+    print(f"shape {args.shape}, best of {args.steps} updates without the profiler, ms:")
+    print(
+        ", ".join(f"{name} {ms:.1f}" for name, ms in best.items()),
+        f"(sum {sum(best.values()):.1f})",
+    )
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             step()

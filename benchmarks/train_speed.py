@@ -43,7 +43,11 @@ SMOOTHING, DROPOUT = 0.1, 0.1
 
 
 def aiayn_step(
-    shape: tuple[int, ...], vocab: int, batch: Batch, compile: bool = False
+    shape: tuple[int, ...],
+    vocab: int,
+    batch: Batch,
+    compile: bool = False,
+    phases: dict[str, list[float]] | None = None,
 ) -> Callable[[], None]:
     d, layers, heads, ff = shape
     config = ModelConfig(
@@ -63,10 +67,21 @@ def aiayn_step(
     optimizer = module.configure_optimizers()["optimizer"]
 
     def step() -> None:
+        start = time.perf_counter()
         loss, _ = module.losses(batch)
+        forward = time.perf_counter()
         loss.backward()
+        backward = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if phases is not None:  # seconds of each phase (CPU: no device to wait for)
+            end = time.perf_counter()
+            for name, seconds in [
+                ("forward and loss", forward - start),
+                ("backward", backward - forward),
+                ("optimizer step", end - backward),
+            ]:
+                phases.setdefault(name, []).append(seconds)
 
     return step
 
