@@ -3,7 +3,7 @@ backward, its optimizer's step) at one of `train_speed.py`'s shapes, with malloc
 memory as in train.py (`aiayn.allocator`). Prints the wall-clock time of each phase (the best
 of `--steps` updates), then `torch.profiler`'s operators by total CPU time over as many more.
 
-    python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25]
+    python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25] [--dropout 0.1]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from aiayn.allocator import keep_freed_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_speed import SHAPES, aiayn_step, random_batch
+from train_speed import DROPOUT, SHAPES, aiayn_step, random_batch
 
 
 def main() -> None:
@@ -30,18 +30,22 @@ def main() -> None:
     parser.add_argument("--src-len", type=int, default=24)
     parser.add_argument("--tgt-len", type=int, default=24)
     parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--dropout", type=float, default=DROPOUT)
     args = parser.parse_args()
     keep_freed_memory()  # as train.py does (aiayn.allocator)
     batch = random_batch(args, torch.device("cpu"))
     phases: dict[str, list[float]] = {}
-    step = aiayn_step(SHAPES[args.shape], args.vocab, batch, phases=phases)
+    step = aiayn_step(SHAPES[args.shape], args.vocab, batch, phases=phases, dropout=args.dropout)
     for _ in range(3):  # warm-up; the kept heap settles within a few updates
         step()
     phases.clear()
     for _ in range(args.steps):  # unprofiled: the profiler inflates memory-bound operators
         step()
     best = {name: min(seconds) * 1e3 for name, seconds in phases.items()}
-    print(f"shape {args.shape}, best of {args.steps} updates without the profiler, ms:")
+    print(
+        f"shape {args.shape}, dropout {args.dropout}, best of {args.steps} updates without the "
+        "profiler, ms:"
+    )
     print(
         ", ".join(f"{name} {ms:.1f}" for name, ms in best.items()),
         f"(sum {sum(best.values()):.1f})",

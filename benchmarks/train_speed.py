@@ -48,6 +48,7 @@ def aiayn_step(
     batch: Batch,
     compile: bool = False,
     phases: dict[str, list[float]] | None = None,
+    dropout: float = DROPOUT,
 ) -> Callable[[], None]:
     d, layers, heads, ff = shape
     config = ModelConfig(
@@ -58,7 +59,7 @@ def aiayn_step(
         num_encoder_layers=layers,
         num_decoder_layers=layers,
         d_ff=ff,
-        dropout=DROPOUT,
+        dropout=dropout,
         max_positions=256,
     )
     optim = {"schedule": "inverse_sqrt", "lr": 1e-3, "warmup_steps": 100}
