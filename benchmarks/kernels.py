@@ -5,7 +5,7 @@ replaced, and the one-update A/B of aiayn's dropout against torch's:
   memory glibc maps anew for each call, then into memory it keeps (`aiayn.allocator`);
 - log-sum-exp of 1536 x 8000 logits whole vs a block of rows at a time (`training.loss`);
 - dropout of a 64 x 24 x 512 activation: `F.dropout` (its mask from `bernoulli_`) vs aiayn's
-  (`model.dropout`: 31-bit integers);
+  (`model.dropout`: two elements from each 31-bit integer);
 - attention forward and backward on bf16 inputs, 64 x 4 heads x 24 x 32: torch's bf16 kernel
   vs `model.attention.sdpa` (which attends in float32 while training on the CPU);
 - a decode step's output projection, 32 or 128 rows x 256 -> 8000, MKL vs oneDNN

@@ -1,6 +1,6 @@
-"""`aiayn.model.dropout`: masks drawn from 31-bit integers keep each element with probability
-1 - p, independently, scale what they keep by 1 / (1 - p), back-propagate through the same
-mask, and follow the seed."""
+"""`aiayn.model.dropout`: masks drawn two elements from each 31-bit integer keep each element
+with probability 1 - p, independently, whichever half of a draw it comes from; they scale what
+they keep by 1 / (1 - p), back-propagate through the same mask, and follow the seed."""
 
 from __future__ import annotations
 
@@ -8,21 +8,35 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.model.dropout import Dropout, dropout
+from aiayn.model.dropout import Dropout, dropout, keep_mask
 
 N = 1 << 21
 
 
-@pytest.mark.parametrize("p", [0.1, 0.3])
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.9])
 def test_each_element_is_dropped_with_probability_p_independently(p):
     torch.manual_seed(0)
     out = dropout(torch.ones(N), p)
     dropped = out == 0
-    sigma = (p * (1 - p) / N) ** 0.5
-    assert abs(dropped.float().mean().item() - p) < 5 * sigma
     assert torch.all(out[~dropped] == 1 / (1 - p))  # kept values scaled, none altered
-    both = (dropped[0::2] & dropped[1::2]).float().mean().item()  # neighbours independent
-    assert abs(both - p * p) < 5 * (p * p * (1 - p * p) / (N // 2)) ** 0.5
+    # each half of a draw (even and odd elements: its low and high bits) at the same rate
+    for half in (dropped[0::2], dropped[1::2]):
+        assert abs(half.float().mean().item() - p) < 5 * (p * (1 - p) / (N // 2)) ** 0.5
+    for a, b in [(0, 1), (1, 2)]:  # neighbours independent, within a draw and across two
+        both = (dropped[a::2][: N // 2 - 1] & dropped[b::2][: N // 2 - 1]).float().mean().item()
+        assert abs(both - p * p) < 5 * (p * p * (1 - p * p) / (N // 2 - 1)) ** 0.5
+
+
+def test_any_shape_and_the_rate_is_p_to_within_2_to_the_minus_16():
+    torch.manual_seed(3)
+    out = dropout(torch.ones(3, 5, 7), 0.5)  # an odd number of elements: half a draw unused
+    assert out.shape == (3, 5, 7) and set(out.unique().tolist()) <= {0.0, 2.0}
+    torch.manual_seed(4)
+    assert keep_mask(torch.Size([N]), 2**-17).all()  # rounds to 0 in 2**15ths: nothing dropped
+    # 1 - 2**-17 rounds to 2**15 / 2**15, where the halves' thresholds would overflow and keep
+    # everything: torch's dropout takes it, and drops all but ~1 in 2**17
+    torch.manual_seed(5)
+    assert (dropout(torch.ones(64), 1 - 2**-17) == 0).all()
 
 
 def test_the_gradient_goes_through_the_same_mask():
