@@ -1,6 +1,8 @@
 """Shared test settings: no network, W&B offline, deterministic and small."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,17 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# runs that name no paths.log_dir (composed configs claim their run directory; refused
+# commands) go to a directory of this session's, never into the checkout's logs/
+LOG_DIR = tempfile.mkdtemp(prefix="aiayn-test-logs-")
+os.environ["AIAYN_LOG_DIR"] = LOG_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_the_sessions_logs():
+    yield
+    shutil.rmtree(LOG_DIR, ignore_errors=True)
+
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 

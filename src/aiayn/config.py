@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import functools
 import inspect
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -373,6 +374,12 @@ def _resumed_run(ckpt_path: str | None, train: bool) -> Path | None:
 _CLAIMED: dict[str, str] = {}
 
 
+def log_dir(default: str) -> str:
+    """Where runs go (`paths.log_dir`): the environment's ``AIAYN_LOG_DIR`` where it is set and
+    not empty, else ``default`` (``<root_dir>/logs``)."""
+    return os.environ.get("AIAYN_LOG_DIR") or default
+
+
 def new_run_dir(path: str) -> str:
     """`path`, else `path_1`, `path_2`, ...: the first of them this process creates. mkdir
     is atomic, so two runs started in the same second (their timestamps equal) get two
@@ -465,6 +472,7 @@ def register() -> None:
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         store.store(name=name, node=schema)
+    OmegaConf.register_new_resolver("aiayn_log_dir", log_dir, replace=True)
     OmegaConf.register_new_resolver("aiayn_run_dir", resume_run_dir, replace=True)
     # cached in the config, so that a job process that resolves its sweep directory again
     # (submitit pickles each job's config) gets the one the launcher claimed
