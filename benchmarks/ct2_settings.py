@@ -2,7 +2,8 @@
 CTranslate2, decoded greedy and with beam 4 under each setting below, beside Hugging Face
 `generate()` in the same run.
 
-    python benchmarks/ct2_settings.py [--compute-type int8|float32] [decode_speed.py's options]
+    python benchmarks/ct2_settings.py [--compute-type int8|float32] [decode_speed.py's model,
+        batch and timing options]
 
 Settings (each in a process of its own, the calls alternating as in decode_speed.py):
 - as aiayn ships (`aiayn.inference.ct2.thread_split`): one single-threaded replica per thread,
@@ -31,10 +32,15 @@ from aiayn.machine import cpu_flags, cpu_vendor
 AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")  # what CTranslate2 checks
 
 
-def settings(threads: int) -> list[tuple[str, dict[str, str], int, int, dict[str, object]]]:
-    """(label, environment, replicas, threads per replica, `translate_batch` options)."""
+VARIABLES = ("CT2_FORCE_CPU_ISA", "CT2_PACKED_GEMM", "CT2_USE_MKL")  # unset unless a row sets it
+Setting = tuple[str, dict[str, str | None], int, int, dict[str, object]]
+
+
+def settings(threads: int) -> list[Setting]:
+    """(label, environment, replicas, threads per replica, `translate_batch` options); each
+    environment unsets the `VARIABLES` it does not set, whatever the shell has."""
     inter, intra = thread_split("cpu", 0, 0)
-    shipped: list[tuple[str, dict[str, str], int, int, dict[str, object]]] = [
+    shipped: list[Setting] = [
         ("as aiayn ships", {}, inter, intra, {}),
         ("CTranslate2's default: 1 replica", {}, 1, threads, {}),
         (f"{2 * inter} replicas", {}, 2 * inter, 1, {}),
@@ -47,7 +53,7 @@ def settings(threads: int) -> list[tuple[str, dict[str, str], int, int, dict[str
     shipped.append(("CT2_PACKED_GEMM=0", {"CT2_PACKED_GEMM": "0"}, inter, intra, {}))
     mkl = "0" if cpu_vendor() == "GenuineIntel" else "1"
     shipped.append((f"CT2_USE_MKL={mkl}", {"CT2_USE_MKL": mkl}, inter, intra, {}))
-    return shipped
+    return [(label, {**dict.fromkeys(VARIABLES), **env}, *rest) for label, env, *rest in shipped]
 
 
 def main() -> None:

@@ -92,7 +92,7 @@ def build(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel]:
     return ours, marian
 
 
-ENGINES = ("aiayn", "aiayn MKL", "CT2 fp32", "CT2 int8", "HF")  # HF last, CT2 int8 third
+ENGINES = ("aiayn", "aiayn MKL", "CT2 fp32", "CT2 int8", "HF")  # HF last, CT2 int8 at [3]
 
 
 def products_on_mkl() -> None:
@@ -266,10 +266,11 @@ def print_setting(args: argparse.Namespace) -> None:
 
 
 def start(
-    makers: list[Callable[[], Callable[[int], None]]], env: list[dict[str, str]] | None = None
+    makers: list[Callable[[], Callable[[int], None]]],
+    env: list[dict[str, str | None]] | None = None,
 ) -> tuple[list[Connection], list[multiprocessing.process.BaseProcess]]:
-    """One process per engine (`serve(maker)`), each started with ``env[i]`` added to this
-    process's environment; returns once all are ready."""
+    """One process per engine (`serve(maker)`), each started with this process's environment
+    changed by ``env[i]`` (None: the variable unset); returns once all are ready."""
     spawn = multiprocessing.get_context("spawn")
     conns, workers = [], []
     for i, make in enumerate(makers):
@@ -277,7 +278,11 @@ def start(
         workers.append(spawn.Process(target=serve, args=(make, theirs), daemon=True))
         extra = env[i] if env else {}
         saved = {key: os.environ.get(key) for key in extra}
-        os.environ.update(extra)  # a spawned child starts with the parent's environment
+        for key, value in extra.items():  # a spawned child starts with the parent's environment
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             workers[-1].start()
         finally:

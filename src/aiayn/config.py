@@ -386,11 +386,12 @@ def new_run_dir(path: str) -> str:
     directories instead of sharing one; within a process the same `path` gives the same
     answer (Hydra may resolve its run directory more than once). The ranks of a `torchrun` or
     `srun` launch all get the one rank 0 claims (`aiayn.launchers`)."""
-    if path not in _CLAIMED:
+    key = os.path.abspath(path)  # a relative `path` names another directory after a chdir
+    if key not in _CLAIMED:
         launch = external_launch()
         claim = functools.partial(_claim_dir, Path(path))
-        _CLAIMED[path] = launch.share_run_dir(claim, Path(path).parent) if launch else claim()
-    return _CLAIMED[path]
+        _CLAIMED[key] = launch.share_run_dir(claim, Path(path).parent) if launch else claim()
+    return _CLAIMED[key]
 
 
 def _claim_dir(base: Path) -> str:

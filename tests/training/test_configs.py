@@ -300,18 +300,21 @@ def test_a_checkpoint_outside_any_run_starts_a_run_with_a_plain_record(tmp_path,
     assert subdir is not None and subdir.startswith(".hydra/resume-")
 
 
-@pytest.mark.parametrize("setting", ["elsewhere", ""])
+@pytest.mark.parametrize("setting", ["elsewhere", "", None])
 def test_runs_go_where_AIAYN_LOG_DIR_says_else_to_logs(setting, tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     monkeypatch.chdir(tmp_path)  # where a run is launched: root_dir "."
-    monkeypatch.setenv("AIAYN_LOG_DIR", str(tmp_path / setting) if setting else "")
+    if setting is None:
+        monkeypatch.delenv("AIAYN_LOG_DIR")
+    else:
+        monkeypatch.setenv("AIAYN_LOG_DIR", str(tmp_path / setting) if setting else "")
     register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("train", return_hydra_config=True)
     expected = tmp_path / setting if setting else Path("./logs")
-    assert Path(cfg.paths.log_dir) == expected  # unset or empty: <root_dir>/logs
+    assert Path(cfg.paths.log_dir) == expected  # empty or unset: <root_dir>/logs
     run = Path(cfg.hydra.run.dir)
     assert run.parent == expected / "train" / "runs" and (tmp_path / run).is_dir()

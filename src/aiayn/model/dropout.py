@@ -3,21 +3,24 @@
 torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially at ~5 ns an element.
 ``int32.random_()`` draws 31 uniform bits at ~1.5 ns, and each draw here serves two elements:
 its low 16 bits and its high 15 bits, each compared with its own threshold, keep an element
-with probability ``1 - q / 2**15``, ``q = round(p * 2**15)``: ``p`` to within 2**-16 (0.1 is
-0.100006). The mask is kept as bools for the backward pass (1 byte an element, where torch
-keeps 4-byte float noise).
+with probability ``1 - q / 2**15``, ``q = round(p * 2**15)``: the rate is ``p`` to within
+2**-16 (0.1 is 0.100006), and what is kept is scaled by ``2**15 / (2**15 - q)``, so that the
+expected output is exactly the input. The mask is kept as bools for the backward pass (1 byte
+an element, where torch keeps 4-byte float noise).
 
 The masks come from the same generator as torch's (the default CPU generator, which
 ``seed_everything`` seeds), so runs stay reproducible, but from another stream: for one seed
 they differ from ``F.dropout``'s. GPUs (torch's fused kernel), ``torch.compile`` (inductor
-draws its own masks), tensor subclasses and ``p`` above ``1 - 2**-16`` take ``F.dropout``.
-``benchmarks/kernels.py`` times it against torch's, one training update included.
+draws its own masks), tensor subclasses and a ``p`` that rounds to ``2**15 / 2**15``
+(``p >= 1 - 2**-16``) take ``F.dropout``. ``benchmarks/kernels.py`` times it against torch's,
+one training update included.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,7 +31,7 @@ HALF = 2**15  # a draw's high half is uniform in [0, HALF); its low half, as int
 LOW_HALF_FIRST = sys.byteorder == "little"  # the order of an int32's two int16 halves in memory
 
 
-def keep_mask(shape: torch.Size, p: float) -> Tensor:
+def keep_mask(shape: Sequence[int], p: float) -> Tensor:
     """Bools of ``shape``, each True with probability ``1 - round(p * 2**15) / 2**15``,
     independently: two elements from each 31-bit draw of the default CPU generator."""
     n = math.prod(shape)
@@ -60,9 +63,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     cpu = x.device.type == "cpu" and type(x) is Tensor
-    if not cpu or round(p * HALF) >= HALF or torch.compiler.is_compiling():  # inductor: its own
+    q = round(p * HALF)
+    if not cpu or q >= HALF or torch.compiler.is_compiling():  # inductor draws its own
         return F.dropout(x, p, training)
-    return _Keep.apply(x, keep_mask(x.shape, p), 1.0 / (1.0 - p))
+    return _Keep.apply(x, keep_mask(x.shape, p), HALF / (HALF - q))  # 1 / the kept share
 
 
 class Dropout(nn.Dropout):
