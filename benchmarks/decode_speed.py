@@ -288,7 +288,7 @@ def start(
         finally:
             for key, value in saved.items():
                 if value is None:
-                    os.environ.pop(key)
+                    os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
         theirs.close()  # the child holds it: its exit then ends `receive` with EOFError
