@@ -30,8 +30,6 @@ from aiayn.inference.ct2 import thread_split
 from aiayn.machine import cpu_flags, cpu_vendor
 
 AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")  # what CTranslate2 checks
-
-
 VARIABLES = ("CT2_FORCE_CPU_ISA", "CT2_PACKED_GEMM", "CT2_USE_MKL")  # unset unless a row sets it
 Setting = tuple[str, dict[str, str | None], int, int, dict[str, object]]
 
@@ -40,20 +38,18 @@ def settings(threads: int) -> list[Setting]:
     """(label, environment, replicas, threads per replica, `translate_batch` options); each
     environment unsets the `VARIABLES` it does not set, whatever the shell has."""
     inter, intra = thread_split("cpu", 0, 0)
-    shipped: list[Setting] = [
+    mkl = "0" if cpu_vendor() == "GenuineIntel" else "1"  # the library CTranslate2 does not pick
+    variables = [("CT2_PACKED_GEMM", "0"), ("CT2_USE_MKL", mkl)]
+    if len(cpu_flags(AVX512)) == len(AVX512):
+        variables.insert(0, ("CT2_FORCE_CPU_ISA", "AVX512"))
+    rows = [
         ("as aiayn ships", {}, inter, intra, {}),
         ("CTranslate2's default: 1 replica", {}, 1, threads, {}),
         (f"{2 * inter} replicas", {}, 2 * inter, 1, {}),
         ("return_scores=False", {}, inter, intra, {"return_scores": False}),
+        *((f"{key}={value}", {key: value}, inter, intra, {}) for key, value in variables),
     ]
-    if len(cpu_flags(AVX512)) == len(AVX512):
-        shipped.append(
-            ("CT2_FORCE_CPU_ISA=AVX512", {"CT2_FORCE_CPU_ISA": "AVX512"}, inter, intra, {})
-        )
-    shipped.append(("CT2_PACKED_GEMM=0", {"CT2_PACKED_GEMM": "0"}, inter, intra, {}))
-    mkl = "0" if cpu_vendor() == "GenuineIntel" else "1"
-    shipped.append((f"CT2_USE_MKL={mkl}", {"CT2_USE_MKL": mkl}, inter, intra, {}))
-    return [(label, {**dict.fromkeys(VARIABLES), **env}, *rest) for label, env, *rest in shipped]
+    return [(label, {**dict.fromkeys(VARIABLES), **env}, *rest) for label, env, *rest in rows]
 
 
 def main() -> None:

@@ -165,16 +165,16 @@ def ct2_engine(
     replicas of `intra` threads sharing out the batch; `options` go to `translate_batch`."""
     ours, _, src = models_and_batch(args)
     vocab = ["<pad>", "<bos>", "<eos>", "<unk>", *(f"w{i}" for i in range(4, args.vocab))]
-    ct2_dir = Path(tempfile.mkdtemp(prefix="ct2-bench-"))
-    save_spec(model_spec(ours, vocab, vocab), ct2_dir)
     rows = [[vocab[i] for i in row] + ["<eos>"] for row in src.tolist()]
-    translator = ctranslate2_module().Translator(
-        str(ct2_dir),
-        device="cpu",
-        compute_type=compute_type,
-        inter_threads=inter,
-        intra_threads=intra,
-    )
+    with tempfile.TemporaryDirectory(prefix="ct2-bench-") as ct2_dir:  # read whole on loading
+        save_spec(model_spec(ours, vocab, vocab), Path(ct2_dir))
+        translator = ctranslate2_module().Translator(
+            ct2_dir,
+            device="cpu",
+            compute_type=compute_type,
+            inter_threads=inter,
+            intra_threads=intra,
+        )
     n = args.new_tokens
 
     def run(beams: int) -> None:

@@ -11,7 +11,7 @@ replaced, and the one-update A/B of aiayn's dropout against torch's:
 - a decode step's output projection, 32 or 128 rows x 256 -> 8000, MKL vs oneDNN
   (`model.linear.DECODE_ONEDNN`);
 - one training update at `train_speed.py`'s shapes with aiayn's dropout vs `F.dropout`,
-  alternating in one process (best of `--repeats`).
+  alternating in one process (best of `--updates`).
 
     python benchmarks/kernels.py [--repeats 20] [--updates 7] [--threads 2]
 

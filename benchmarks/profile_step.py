@@ -1,7 +1,8 @@
 """Where a training update's time goes: aiayn's real update (the LightningModule's loss,
 backward, its optimizer's step) at one of `train_speed.py`'s shapes, with malloc keeping freed
 memory as in train.py (`aiayn.allocator`). Prints the wall-clock time of each phase (the best
-of `--steps` updates), then `torch.profiler`'s operators by total CPU time over as many more.
+of each over `--steps` unprofiled updates) and their sum, then `torch.profiler`'s operators by
+total CPU time over as many more.
 
     python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25] [--dropout 0.1]
 """
@@ -43,8 +44,8 @@ def main() -> None:
         step()
     best = {name: min(seconds) * 1e3 for name, seconds in phases.items()}
     print(
-        f"shape {args.shape}, dropout {args.dropout}, best of {args.steps} updates without the "
-        "profiler, ms:"
+        f"shape {args.shape}, dropout {args.dropout}, each phase's best of {args.steps} updates "
+        "without the profiler, ms:"
     )
     print(
         ", ".join(f"{name} {ms:.1f}" for name, ms in best.items()),

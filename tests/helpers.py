@@ -21,13 +21,19 @@ REPO = CONF_DIR.parent
 CONFIG_ERRORS = (ConfigError, ConfigCompositionException)
 
 
-def compose_config(name: str, overrides: list[str], output_dir: Path | None = None) -> DictConfig:
-    """conf/<name>.yaml + overrides as the entry point composes it (schemas registered,
-    Hydra's runtime set so ${hydra:...} resolves), with its output in output_dir."""
+def compose_with_hydra(name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """conf/<name>.yaml + overrides, schemas and resolvers registered, with its `hydra` node
+    (what Hydra composes before it sets its runtime)."""
     register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose(name, overrides=overrides, return_hydra_config=True)
+        return compose(name, overrides=list(overrides), return_hydra_config=True)
+
+
+def compose_config(name: str, overrides: list[str], output_dir: Path | None = None) -> DictConfig:
+    """conf/<name>.yaml + overrides as the entry point composes it (schemas registered,
+    Hydra's runtime set so ${hydra:...} resolves), with its output in output_dir."""
+    cfg = compose_with_hydra(name, overrides)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         if output_dir is not None:

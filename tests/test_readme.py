@@ -11,22 +11,18 @@ import re
 import shlex
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from aiayn.config import (
-    CONF_DIR,
     EvalConfig,
     ExportConfig,
     TrainConfig,
     TranslateConfig,
     VisualizeConfig,
-    register,
     to_schema,
 )
-from tests.helpers import REPO
+from tests.helpers import REPO, compose_with_hydra
 
 ENTRY_POINTS = {
     "train.py": ("train", TrainConfig),
@@ -85,13 +81,9 @@ def test_the_readme_shows_commands_of_every_entry_point():
 @pytest.mark.parametrize(("entry", "args"), COMMANDS, ids=[" ".join(a) for _, a in COMMANDS])
 def test_readme_command_composes_and_validates(entry, args, tmp_path):
     name, schema = ENTRY_POINTS[entry]
-    register()
     for overrides in runs(args):
-        GlobalHydra.instance().clear()
         # the command as written; the run directories it claims while resolving go to tmp_path
-        overrides = [*overrides, f"paths.log_dir={tmp_path / 'logs'}"]
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-            cfg = compose(name, overrides=overrides, return_hydra_config=True)
+        cfg = compose_with_hydra(name, [*overrides, f"paths.log_dir={tmp_path / 'logs'}"])
         if "-m" in args:  # Hydra resolves the sweep directory before it sets its runtime
             HydraConfig.instance().cfg = None  # type: ignore[assignment]
             assert OmegaConf.select(cfg, "hydra.sweep.dir")

@@ -1,6 +1,7 @@
 """`aiayn.model.dropout`: masks drawn two elements from each 31-bit integer keep each element
-with probability 1 - p, independently, whichever half of a draw it comes from; they scale what
-they keep by 1 / (1 - p), back-propagate through the same mask, and follow the seed."""
+with probability 1 - p (to within 2**-16), independently, whichever half of a draw it comes
+from; they scale what they keep by the inverse of the share kept, back-propagate through the
+same mask, and follow the seed."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_each_element_is_dropped_with_probability_p_independently(p):
 def test_each_element_compares_its_half_of_a_draw_with_that_halfs_threshold(p):
     """The mask, element by element, from the same draws decoded by hand: element 2i keeps iff
     the low 16 bits of draw i, read as a signed int16, are >= 2q - 2**15; element 2i + 1 iff
-    the high 15 bits are >= q (q = round(p * 2**15)), on either byte order."""
+    the high 15 bits are >= q (q = round(p * 2**15)), with the halves in this machine's byte
+    order."""
     q = round(p * HALF)
     torch.manual_seed(11)
     draws = torch.empty(5000, dtype=torch.int32).random_().long()
@@ -55,7 +57,7 @@ def test_the_expected_output_is_the_input():
     assert abs(out.mean().item() - 1.0) < 5 * sigma
 
 
-def test_any_shape_and_the_rate_is_p_to_within_2_to_the_minus_16():
+def test_any_shape_and_the_limits_of_rounding_p_to_2_to_the_minus_15ths():
     torch.manual_seed(3)
     out = dropout(torch.ones(3, 5, 7), 0.5)  # an odd number of elements: half a draw unused
     assert out.shape == (3, 5, 7) and set(out.unique().tolist()) <= {0.0, 2.0}

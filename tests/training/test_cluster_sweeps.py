@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from tests.helpers import CONFIG_ERRORS, cli, cli_overrides, compose_train
+from tests.helpers import CONFIG_ERRORS, cli, cli_overrides, compose_train, compose_with_hydra
 
 TOY = ["data.toy_train_size=600", "data.toy_val_size=30", "data.toy_test_size=30"]
 SHORT = [
@@ -103,16 +103,8 @@ def test_optuna_study_optimises_the_configured_metric(tmp_path):
 def test_slurm_launcher_preset_follows_the_trainer(tmp_path):
     """hydra/launcher=slurm_gpu: one SLURM task per GPU on each node, as Lightning's SLURM
     environment expects, and the cluster keys in place."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from aiayn.config import CONF_DIR, register
-
-    register()
-    GlobalHydra.instance().clear()
     overrides = ["hydra/launcher=slurm_gpu", "trainer.devices=4", "trainer.num_nodes=2"]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    cfg = compose_with_hydra("train", overrides)
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.nodes) == (4, 4, 2)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.config import CONF_DIR, TrainConfig, register, to_schema
+from aiayn.config import CONF_DIR, TrainConfig, to_schema
 from aiayn.errors import ConfigError
-from tests.helpers import CONFIG_ERRORS, compose_train
+from tests.helpers import CONFIG_ERRORS, compose_train, compose_with_hydra
 
 GROUPS = ["data", "model", "optim", "decode", "trainer", "logger", "callbacks", "experiment"]
 GROUPS += ["ablation", "hparams_search"]
@@ -33,13 +33,7 @@ def test_every_shipped_config_composes_and_validates(group, option, tmp_path):
 def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
     """Each value of each swept key composes into a valid TrainConfig (so a misspelt key such
     as `model.num_head` or an impossible value fails here, not after a sweep launched)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("train", overrides=[f"sweep={sweep}"], return_hydra_config=True)
+    cfg = compose_with_hydra("train", [f"sweep={sweep}"])
     params = cfg.hydra.sweeper.params
     assert params, f"conf/sweep/{sweep}.yaml defines no hydra.sweeper.params"
     recipe = ["experiment=multi30k_cpu"]  # the recipe conf/ablation/'s values are set for
@@ -302,18 +296,12 @@ def test_a_checkpoint_outside_any_run_starts_a_run_with_a_plain_record(tmp_path,
 
 @pytest.mark.parametrize("setting", ["elsewhere", "", None])
 def test_runs_go_where_AIAYN_LOG_DIR_says_else_to_logs(setting, tmp_path, monkeypatch):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     monkeypatch.chdir(tmp_path)  # where a run is launched: root_dir "."
     if setting is None:
         monkeypatch.delenv("AIAYN_LOG_DIR")
     else:
         monkeypatch.setenv("AIAYN_LOG_DIR", str(tmp_path / setting) if setting else "")
-    register()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("train", return_hydra_config=True)
+    cfg = compose_with_hydra("train")
     expected = tmp_path / setting if setting else Path("./logs")
     assert Path(cfg.paths.log_dir) == expected  # empty or unset: <root_dir>/logs
     run = Path(cfg.hydra.run.dir)

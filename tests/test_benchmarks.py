@@ -1,0 +1,110 @@
+"""The benchmark scripts whose tables `benchmarks/README.md` records run end to end, on tiny
+sizes, and print tables whose ratios follow from their own rates (speed itself is never
+asserted). A script that crashes, or prints a ratio that is not what its columns say, fails
+here instead of when someone reruns a record."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("transformers")  # the peers: pip install -e ".[bench]" (dev has it)
+pytest.importorskip("ctranslate2")
+
+SMALL_DECODE = ["--d-model", "32", "--heads", "2", "--layers", "1", "--ffn", "64"]
+SMALL_DECODE += ["--vocab", "100", "--batch-size", "4", "--src-len", "5", "--new-tokens", "3"]
+SMALL_DECODE += ["--repeats", "1"]
+SMALL_BATCH = ["--batch-size", "4", "--src-len", "6", "--tgt-len", "6", "--vocab", "200"]
+
+
+def run(script: str, *args: str) -> str:
+    """Standard output of `python benchmarks/<script> <args>` run from the repository root."""
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def rows(output: str, first: str) -> list[list[str]]:
+    """The cells of each table row of `output` whose first cell starts with `first`."""
+    found = []
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0].startswith(first):
+            found.append(cells)
+    return found
+
+
+def number(cell: str) -> float:
+    return float(re.sub(r"[x%]$", "", cell))
+
+
+def test_train_speed_prints_the_peers_and_the_ratios_of_its_rates():
+    out = run("train_speed.py", *SMALL_BATCH, "--repeats", "1", "--shapes", "tiny")
+    assert "matmul peak" in out
+    row = rows(out, "tiny")[0]  # the float32 table (a bf16 one follows where bf16 is native)
+    ours, marian, plain = (number(cell) for cell in row[1:4])
+    assert min(ours, marian, plain) > 0
+    assert number(row[4]) == pytest.approx(ours / marian, rel=0.01, abs=0.006)  # rates rounded
+    assert number(row[5]) == pytest.approx(ours / plain, rel=0.01, abs=0.006)
+    assert 0 < number(row[6]) <= 100  # MFU, %
+
+
+def test_profile_step_prints_each_phase_and_their_sum():
+    out = run("profile_step.py", "--shape", "tiny", "--steps", "1", "--rows", "3", *SMALL_BATCH)
+    line = next(line for line in out.splitlines() if line.startswith("forward and loss"))
+    parts = [float(x) for x in re.findall(r"(?:loss|backward|step) ([\d.]+)", line)]
+    total = float(re.search(r"sum ([\d.]+)", line).group(1))
+    assert len(parts) == 3 and total == pytest.approx(sum(parts), abs=0.15)
+    assert "dropout 0.1" in out and "Self CPU time total" in out  # the profiler's table follows
+
+
+def test_kernels_prints_each_alternative_beside_aiayns_choice():
+    out = run("kernels.py", "--repeats", "1", "--updates", "1")
+    for first in ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection"):
+        for row in rows(out, first):
+            a, b = (float(re.search(r"([\d.]+) ms", cell).group(1)) for cell in row[1:3])
+            assert number(row[3]) == pytest.approx(a / b, rel=0.02, abs=0.006)  # a, b rounded
+    assert [row[0] for row in rows(out, "")][-3:] == ["tiny", "small", "base"]
+
+
+def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates():
+    out = run("decode_speed.py", *SMALL_DECODE)
+    for strategy in ("greedy", "beam 4"):
+        [row] = rows(out, strategy)
+        aiayn, _, _, int8, hf = (number(cell) for cell in row[1:6])
+        assert number(row[6]) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
+        assert number(row[7]) == pytest.approx(int8 / hf, rel=0.01, abs=0.006)
+
+
+def test_ct2_settings_prints_each_setting_against_hf(monkeypatch):
+    # a CTranslate2 variable in the shell must not reach the rows that do not set it: on an
+    # x86 CPU this one makes CTranslate2 refuse to load ("Invalid CPU ISA: NEON")
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "NEON")
+    out = run("ct2_settings.py", *SMALL_DECODE)
+    hf = [float(x) for x in re.findall(r"([\d.]+) \((?:greedy|beam 4)\)", out)]
+    table = [row for row in rows(out, "") if re.fullmatch(r"\d+ x \d+", row[1])]
+    labels = [row[0] for row in table]
+    assert labels[:4] == [
+        "as aiayn ships",
+        "CTranslate2's default: 1 replica",
+        labels[2],
+        labels[3],
+    ]
+    assert "CT2_PACKED_GEMM=0" in labels and any(x.startswith("CT2_USE_MKL=") for x in labels)
+    for row in table:
+        for rate, ratio, reference in zip(row[2::2], row[3::2], hf, strict=True):
+            assert number(ratio) == pytest.approx(number(rate) / reference, rel=0.01, abs=0.006)
