@@ -6,12 +6,11 @@ here instead of when someone reruns a record."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import cli
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +23,9 @@ SMALL_DECODE += ["--repeats", "1"]
 SMALL_BATCH = ["--batch-size", "4", "--src-len", "6", "--tgt-len", "6", "--vocab", "200"]
 
 
-def run(script: str, *args: str) -> str:
+def run(tmp_path: Path, script: str, *args: str) -> str:
     """Standard output of `python benchmarks/<script> <args>` run from the repository root."""
-    done = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = cli(list(args), tmp_path, module=f"benchmarks/{script}")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -52,8 +44,8 @@ def number(cell: str) -> float:
     return float(re.sub(r"[x%]$", "", cell))
 
 
-def test_train_speed_prints_the_peers_and_the_ratios_of_its_rates():
-    out = run("train_speed.py", *SMALL_BATCH, "--repeats", "1", "--shapes", "tiny")
+def test_train_speed_prints_the_peers_and_the_ratios_of_its_rates(tmp_path):
+    out = run(tmp_path, "train_speed.py", *SMALL_BATCH, "--repeats", "1", "--shapes", "tiny")
     assert "matmul peak" in out
     row = rows(out, "tiny")[0]  # the float32 table (a bf16 one follows where bf16 is native)
     ours, marian, plain = (number(cell) for cell in row[1:4])
@@ -63,8 +55,10 @@ def test_train_speed_prints_the_peers_and_the_ratios_of_its_rates():
     assert 0 < number(row[6]) <= 100  # MFU, %
 
 
-def test_profile_step_prints_each_phase_and_their_sum():
-    out = run("profile_step.py", "--shape", "tiny", "--steps", "1", "--rows", "3", *SMALL_BATCH)
+def test_profile_step_prints_each_phase_and_their_sum(tmp_path):
+    out = run(
+        tmp_path, "profile_step.py", "--shape", "tiny", "--steps", "1", "--rows", "3", *SMALL_BATCH
+    )
     line = next(line for line in out.splitlines() if line.startswith("forward and loss"))
     parts = [float(x) for x in re.findall(r"(?:loss|backward|step) ([\d.]+)", line)]
     total = float(re.search(r"sum ([\d.]+)", line).group(1))
@@ -72,8 +66,8 @@ def test_profile_step_prints_each_phase_and_their_sum():
     assert "dropout 0.1" in out and "Self CPU time total" in out  # the profiler's table follows
 
 
-def test_kernels_prints_each_alternative_beside_aiayns_choice():
-    out = run("kernels.py", "--repeats", "1", "--updates", "1")
+def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
+    out = run(tmp_path, "kernels.py", "--repeats", "1", "--updates", "1")
     for first in ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection"):
         for row in rows(out, first):
             a, b = (float(re.search(r"([\d.]+) ms", cell).group(1)) for cell in row[1:3])
@@ -81,8 +75,8 @@ def test_kernels_prints_each_alternative_beside_aiayns_choice():
     assert [row[0] for row in rows(out, "")][-3:] == ["tiny", "small", "base"]
 
 
-def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates():
-    out = run("decode_speed.py", *SMALL_DECODE)
+def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates(tmp_path):
+    out = run(tmp_path, "decode_speed.py", *SMALL_DECODE)
     for strategy in ("greedy", "beam 4"):
         [row] = rows(out, strategy)
         aiayn, _, _, int8, hf = (number(cell) for cell in row[1:6])
@@ -90,11 +84,11 @@ def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates():
         assert number(row[7]) == pytest.approx(int8 / hf, rel=0.01, abs=0.006)
 
 
-def test_ct2_settings_prints_each_setting_against_hf(monkeypatch):
+def test_ct2_settings_prints_each_setting_against_hf(monkeypatch, tmp_path):
     # a CTranslate2 variable in the shell must not reach the rows that do not set it: on an
     # x86 CPU this one makes CTranslate2 refuse to load ("Invalid CPU ISA: NEON")
     monkeypatch.setenv("CT2_FORCE_CPU_ISA", "NEON")
-    out = run("ct2_settings.py", *SMALL_DECODE)
+    out = run(tmp_path, "ct2_settings.py", *SMALL_DECODE)
     hf = [float(x) for x in re.findall(r"([\d.]+) \((?:greedy|beam 4)\)", out)]
     table = [row for row in rows(out, "") if re.fullmatch(r"\d+ x \d+", row[1])]
     labels = [row[0] for row in table]
