@@ -10,8 +10,11 @@ replaced, and the one-update A/B of aiayn's dropout against torch's:
   vs `model.attention.sdpa` (which attends in float32 while training on the CPU);
 - a decode step's output projection, 32 or 128 rows x 256 -> 8000, MKL vs oneDNN
   (`model.linear.DECODE_ONEDNN`);
-- one training update at `train_speed.py`'s shapes with aiayn's dropout vs `F.dropout`,
-  alternating in one process (best of `--updates`).
+- the output layer and the loss, forward and backward, 1536 rows x d_model -> 8000 at the
+  three shapes' widths: the whole logits then `label_smoothed_loss` vs
+  `projected_label_smoothed_loss` (blocks of rows, gradients in the same loop);
+- one training update at `train_speed.py`'s shapes with aiayn's dropout vs `F.dropout`, and
+  with the whole logits vs the blocks, alternating in one process (best of `--updates`).
 
     python benchmarks/kernels.py [--repeats 20] [--updates 7] [--threads 2]
 
@@ -32,8 +35,10 @@ import torch.nn.functional as F
 from aiayn.allocator import keep_freed_memory
 from aiayn.model import dropout as dropout_module
 from aiayn.model.attention import sdpa
+from aiayn.model.embedding import OutputProjection
 from aiayn.model.linear import onednn_product
-from aiayn.training.loss import _logsumexp_rows
+from aiayn.training import loss as loss_module
+from aiayn.training.loss import _logsumexp_rows, label_smoothed_loss, projected_label_smoothed_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import describe
@@ -118,32 +123,74 @@ def main() -> None:
             best_ms(lambda h=h: onednn_product(h, weight), args.repeats),
             best_ms(lambda h=h: F.linear(h, weight), args.repeats),
         )
-    print()
-    print("| one update | F.dropout tgt tok/s | aiayn dropout tgt tok/s | speed-up |")
-    print("|---|---:|---:|---:|")
+    target = torch.randint(4, 8000, (64, 24))
+    for d_model in sorted({shape[0] for shape in SHAPES.values()}):
+        row(
+            f"output layer + loss, fwd + bwd, 1536 x {d_model} -> 8000",
+            "whole logits",
+            "row blocks",
+            best_ms(output_and_loss(d_model, target, label_smoothed_loss), args.repeats),
+            best_ms(output_and_loss(d_model, target, None), args.repeats),
+        )
     sizes = argparse.Namespace(batch_size=64, src_len=24, tgt_len=24, vocab=8000)
     batch = random_batch(sizes, torch.device("cpu"))
-    for name, shape in SHAPES.items():
-        ours, theirs = aiayn_step(shape, 8000, batch), aiayn_step(shape, 8000, batch)
-        t_ours, t_theirs = best_seconds([ours, with_torch_dropout(theirs)], args.updates, idle)
-        rates = f"{batch.num_tgt_tokens / t_theirs:.0f} | {batch.num_tgt_tokens / t_ours:.0f}"
-        print(f"| {name} | {rates} | {t_theirs / t_ours:.2f}x |", flush=True)
+    torch_dropout = (
+        dropout_module,
+        "dropout",
+        lambda x, p, training=True: F.dropout(x, p, training),
+    )
+    whole_logits = (loss_module, "fuses_projection", lambda x, weight: False)
+    for first, second, swap in [
+        ("F.dropout", "aiayn dropout", torch_dropout),
+        ("whole logits", "row blocks", whole_logits),
+    ]:
+        print()
+        print(f"| one update | {first} tgt tok/s | {second} tgt tok/s | speed-up |")
+        print("|---|---:|---:|---:|")
+        for name, shape in SHAPES.items():
+            ours, theirs = aiayn_step(shape, 8000, batch), aiayn_step(shape, 8000, batch)
+            t_ours, t_theirs = best_seconds([ours, patched(theirs, *swap)], args.updates, idle)
+            rates = f"{batch.num_tgt_tokens / t_theirs:.0f} | {batch.num_tgt_tokens / t_ours:.0f}"
+            print(f"| {name} | {rates} | {t_theirs / t_ours:.2f}x |", flush=True)
 
 
 def idle() -> None:
     """Nothing to wait for on the CPU (`best_seconds` synchronises a GPU with it)."""
 
 
-def with_torch_dropout(step: Callable[[], None]) -> Callable[[], None]:
-    """`step` with `F.dropout` in place of aiayn's (`Dropout.forward` looks it up per call)."""
-    ours = dropout_module.dropout
+def output_and_loss(
+    d_model: int, target: torch.Tensor, loss: Callable[..., tuple] | None
+) -> Callable[[], None]:
+    """Forward and backward of the output layer (tied to nothing, 8000 words) and the
+    label-smoothed loss on features ``(64, 24, d_model)``: `loss` over the whole logits, or
+    (None) `projected_label_smoothed_loss`."""
+    output = OutputProjection(d_model, 8000)
+    output.reset_parameters()
+    features = torch.randn(64, 24, d_model, requires_grad=True)
 
     def run() -> None:
-        dropout_module.dropout = lambda x, p, training=True: F.dropout(x, p, training)
+        if loss is None:
+            value = projected_label_smoothed_loss(features, output, target, 0.1)[0]
+        else:
+            value = loss(output(features), target, 0.1)[0]
+        torch.autograd.grad(value, (features, output.weight))
+
+    return run
+
+
+def patched(
+    step: Callable[[], None], module: object, name: str, value: object
+) -> Callable[[], None]:
+    """`step` with `module.name` set to `value` while it runs (aiayn looks both swapped names
+    up per call: `Dropout.forward` its `dropout`, the loss its `fuses_projection`)."""
+    ours = getattr(module, name)
+
+    def run() -> None:
+        setattr(module, name, value)
         try:
             step()
         finally:
-            dropout_module.dropout = ours
+            setattr(module, name, ours)
 
     return run
 

@@ -68,11 +68,18 @@ def test_profile_step_prints_each_phase_and_their_sum(tmp_path):
 
 def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
     out = run(tmp_path, "kernels.py", "--repeats", "1", "--updates", "1")
-    for first in ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection"):
+    kernels = ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection")
+    kernels += ("output layer + loss",)
+    for first in kernels:
+        assert rows(out, first), first
         for row in rows(out, first):
             a, b = (float(re.search(r"([\d.]+) ms", cell).group(1)) for cell in row[1:3])
             assert number(row[3]) == pytest.approx(a / b, rel=0.02, abs=0.006)  # a, b rounded
-    assert [row[0] for row in rows(out, "")][-3:] == ["tiny", "small", "base"]
+    assert len(rows(out, "output layer + loss")) == 3  # at the three shapes' widths
+    updates = [row for row in rows(out, "") if row[0] in ("tiny", "small", "base")]
+    assert [row[0] for row in updates] == ["tiny", "small", "base"] * 2  # dropout, logits
+    for row in updates:  # tokens per second, the alternative's then aiayn's
+        assert number(row[3]) == pytest.approx(number(row[2]) / number(row[1]), rel=0.01, abs=0.006)
 
 
 def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates(tmp_path):

@@ -180,7 +180,8 @@ class AttentionLSTM(nn.Module):
         return RNNCache(h, torch.zeros_like(h), memory, self.attn_key(memory), mask)
 
     def _attend(self, h: Tensor, cache: RNNCache) -> tuple[Tensor, Tensor]:
-        """Decoder states ``h (B, T, D)`` -> (logits ``(B, T, V)``, attention ``(B, T, S)``)."""
+        """Decoder states ``h (B, T, D)`` -> (features ``(B, T, D)``, the output layer's input,
+        and attention ``(B, T, S)``)."""
         scores = torch.bmm(h, cache.keys.transpose(1, 2))
         if cache.memory_mask is not None:
             # a row without any real source position (all padding) attends everywhere
@@ -190,7 +191,7 @@ class AttentionLSTM(nn.Module):
         attention = scores.softmax(dim=-1)
         context = torch.bmm(attention, cache.memory)
         state = torch.tanh(self.attn_out(torch.cat([context, h], dim=-1)))
-        return self.output(self.dropout(state)), attention
+        return self.dropout(state), attention
 
     def _step(self, tokens: Tensor, cache: RNNCache) -> tuple[Tensor, Tensor]:
         if tokens.size(0) != cache.batch_size:
@@ -205,7 +206,7 @@ class AttentionLSTM(nn.Module):
     def decode_step(self, tokens: Tensor, cache: RNNCache) -> Tensor:
         """Incremental pass: ``tokens (B, T_new)`` -> ``logits (B, T_new, V)``, continuing
         the cache's state (updated in place)."""
-        return self._step(tokens, cache)[0]
+        return self.output(self._step(tokens, cache)[0])
 
     def decode(
         self,
@@ -225,11 +226,14 @@ class AttentionLSTM(nn.Module):
         tgt_in: Tensor,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
+        features_only: bool = False,
     ) -> Tensor:
-        """``src (B, S)``, ``tgt_in (B, T)`` -> ``logits (B, T, V)`` (masks as in
-        ``Transformer.forward``)."""
+        """``src (B, S)``, ``tgt_in (B, T)`` -> ``logits (B, T, V)`` (masks and
+        ``features_only`` as in ``Transformer.forward``)."""
         mask = self._key_mask(src, src_mask)  # checked once per batch
-        return self.decode_step(tgt_in, self._init_cache(self._encode(src, mask), mask))
+        cache = self._init_cache(self._encode(src, mask), mask)
+        features = self._step(tgt_in, cache)[0]
+        return features if features_only else self.output(features)
 
     def attention_maps(
         self,

@@ -163,7 +163,12 @@ class Transformer(nn.Module):
         return self._encode(src, self._key_mask(src, src_mask))
 
     def _decode(
-        self, tgt_in: Tensor, memory: Tensor, src_key: Tensor | None, tgt_key: Tensor | None
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_key: Tensor | None,
+        tgt_key: Tensor | None,
+        features_only: bool = False,
     ) -> Tensor:
         self_mask = None  # no target padding: SDPA's is_causal, the fastest kernels
         if tgt_key is not None:
@@ -175,7 +180,7 @@ class Transformer(nn.Module):
             causal=self_mask is None,
             memory_mask=attention_mask(src_key),
         )
-        return self.output(x)
+        return x if features_only else self.output(x)
 
     def decode(
         self,
@@ -200,12 +205,16 @@ class Transformer(nn.Module):
         tgt_in: Tensor,
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
+        features_only: bool = False,
     ) -> Tensor:
         """``src (B, S)``, ``tgt_in (B, T)`` (teacher forcing, starts with BOS) ->
-        ``logits (B, T, V)``; masks ``(B, S)``/``(B, T)`` True = real, default from ``pad_id``."""
+        ``logits (B, T, V)``; masks ``(B, S)``/``(B, T)`` True = real, default from ``pad_id``.
+        ``features_only``: the decoder's output ``(B, T, D)`` instead, before ``self.output``
+        (as fairseq's; `projected_label_smoothed_loss` applies the output layer itself)."""
         src_key = self._key_mask(src, src_mask)
         memory = self._encode(src, src_key)
-        return self._decode(tgt_in, memory, src_key, self._key_mask(tgt_in, tgt_mask))
+        tgt_key = self._key_mask(tgt_in, tgt_mask)
+        return self._decode(tgt_in, memory, src_key, tgt_key, features_only)
 
     # -- incremental decoding ---------------------------------------------------------------
 

@@ -6,6 +6,12 @@ writes the gradient, softmax - smoothed target, into one buffer. Autograd over
 `log_softmax` + `gather` + `mean` would keep a float32 copy of the whole batch's
 log-probabilities and build three more of that size in backward; at a vocabulary of 8 000
 that is most of a small model's step outside the matrix products.
+
+`projected_label_smoothed_loss` goes further for training (`TranslationModule.losses`): it
+takes the decoder's features and the output layer, builds the logits a block of rows at a
+time, and computes the loss and the gradients of the features and the output matrix in the
+same loop, so that neither the batch's logits nor their gradient is ever whole (as Liger
+Kernel's and Apple's Cut Cross-Entropy do on GPUs).
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from aiayn.model.embedding import OutputProjection
 
 
 def _at_least_float32(x: Tensor) -> Tensor:
@@ -79,3 +88,137 @@ def label_smoothed_loss(
     """
     vocab = logits.size(-1)
     return _LabelSmoothedCE.apply(logits.reshape(-1, vocab), target.reshape(-1), epsilon, pad_id)
+
+
+BLOCK_ROWS = 256  # rows of logits per block in `projected_label_smoothed_loss`
+
+
+class _ProjectedLabelSmoothedCE(torch.autograd.Function):
+    """(loss, nll) of ``logits = x @ weight.T + bias`` against ``target (N,)``, the logits built
+    ``rows`` at a time and never whole; with ``grads`` the forward pass also computes the
+    gradients of the loss (for an upstream gradient of 1), which backward scales."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        epsilon: float,
+        pad_id: int,
+        rows: int,
+        grads: bool,
+    ) -> tuple[Tensor, Tensor]:
+        (n, _), vocab = x.shape, weight.size(0)
+        keep = target.ne(pad_id)
+        share = keep.to(x.dtype) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
+        gold, gold_log_prob = x.new_empty(n), x.new_empty(n)  # logit and log-probability
+        grad_x = torch.empty_like(x) if grads else None
+        grad_w = torch.empty_like(weight) if grads else None
+        x_share = x * share.unsqueeze(-1) if grads else None  # (N, D): rows weighted as in the mean
+        grad_b = torch.zeros_like(bias) if grads and bias is not None else None
+        block = x.new_empty(min(rows, n), vocab)
+        for start in range(0, n, rows):
+            rows_here = slice(start, start + rows)
+            xb, tb = x[rows_here], target[rows_here].unsqueeze(-1)
+            logits = block[: xb.size(0)]
+            if bias is None:
+                torch.mm(xb, weight.t(), out=logits)
+            else:
+                torch.addmm(bias, xb, weight.t(), out=logits)
+            gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
+            # in place: one fused pass, where logsumexp would build two temporaries
+            log_probs = torch.log_softmax(logits, -1, out=logits)
+            gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
+            if not grads:
+                continue
+            probs = log_probs.exp_()
+            torch.mm(probs, weight, out=grad_x[rows_here])
+            if start == 0:
+                torch.mm(probs.t(), x_share[rows_here], out=grad_w)
+            else:
+                grad_w.addmm_(probs.t(), x_share[rows_here])
+            if grad_b is not None:
+                grad_b.addmv_(probs.t(), share[rows_here])
+        # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
+        weight_mean = weight.mean(0)
+        mean = x @ weight_mean + (bias.mean() if bias is not None else 0.0)
+        lse = gold - gold_log_prob  # log-sum-exp of each row's logits
+        nll = -(gold_log_prob * share).sum()
+        smooth = ((lse - mean) * share).sum()
+        ctx.mark_non_differentiable(nll)
+        if grads:
+            # d loss / d logits = share * (softmax - (1 - ε) onehot(target) - ε / V); the loop
+            # multiplied by softmax, the two other terms are sums of rows taken here
+            grad_x.sub_(weight[target], alpha=1 - epsilon).sub_(weight_mean, alpha=epsilon)
+            grad_x.mul_(share.unsqueeze(-1))
+            grad_w.sub_(x_share.sum(0), alpha=epsilon / vocab)
+            grad_w.index_add_(0, target, x_share, alpha=epsilon - 1)
+            saved = [grad_x, grad_w]
+            if grad_b is not None:
+                grad_b.sub_(share.sum() * epsilon / vocab)
+                grad_b.index_add_(0, target, share, alpha=epsilon - 1)
+                saved.append(grad_b)
+            ctx.save_for_backward(*saved)
+        return (1.0 - epsilon) * nll + epsilon * smooth, nll
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor | None) -> tuple:
+        grad_x, grad_w, *grad_b = (g * grad_loss for g in ctx.saved_tensors)
+        return grad_x, grad_w, (grad_b[0] if grad_b else None), None, None, None, None, None
+
+
+def fuses_projection(x: Tensor, weight: Tensor) -> bool:
+    """Whether `projected_label_smoothed_loss` takes its blocked path for features ``x`` and
+    output matrix ``weight``: float32 or float64 on the CPU, outside autocast, plain tensors
+    (not FSDP's DTensor). Elsewhere it builds the logits whole (measured on CPUs only)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float32, torch.float64)
+        and type(x) is torch.Tensor
+        and type(weight) in (torch.Tensor, nn.Parameter)
+        and not torch.is_autocast_enabled("cpu")
+        and x.numel() > 0
+    )
+
+
+def projected_label_smoothed_loss(
+    features: Tensor,
+    output: OutputProjection,
+    target: Tensor,
+    epsilon: float,
+    pad_id: int = 0,
+    rows: int = BLOCK_ROWS,
+) -> tuple[Tensor, Tensor]:
+    """``label_smoothed_loss(output(features), target, epsilon, pad_id)``, with the output
+    layer fused into the loss: ``features (B, T, D)`` (the decoder's, before ``output``),
+    ``target (B, T)``.
+
+    Where `fuses_projection` allows, the logits are built ``rows`` rows at a time (256 x 8 000
+    float32 logits: 8 MiB, which stay in the cache) and reduced at once to the loss; in a pass
+    that takes gradients, the gradients of the features, the output matrix and its bias are
+    computed in the same loop from the block's softmax, so the batch's logits and their
+    gradient, two float32 arrays of N x V, never exist. The loop's products are the same three
+    as autograd's (logits, features' and matrix's gradients). Backward only scales the saved
+    gradients (the saved pass cannot be differentiated twice). Elsewhere: the logits whole,
+    then `label_smoothed_loss`.
+    """
+    x = output.proj(features) if output.proj is not None else features
+    if not fuses_projection(x, output.weight):
+        return label_smoothed_loss(output(features), target, epsilon, pad_id)
+    grads = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, output.weight, output.bias)
+    )
+    return _ProjectedLabelSmoothedCE.apply(
+        x.reshape(-1, x.size(-1)),
+        output.weight,
+        output.bias,
+        target.reshape(-1),
+        epsilon,
+        pad_id,
+        rows,
+        grads,
+    )

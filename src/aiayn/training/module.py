@@ -25,7 +25,7 @@ from aiayn.errors import DivergedError
 from aiayn.inference.translator import Translator
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
-from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.loss import projected_label_smoothed_loss
 from aiayn.training.schedules import OptimConfig, lr_multiplier
 from aiayn.training.sharding import gathered, shard
 
@@ -89,9 +89,11 @@ class TranslationModule(L.LightningModule):
 
     def losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """(label-smoothed loss, NLL), each a mean over the non-padding targets of `batch`."""
-        logits = self(batch.src, batch.tgt_in)
+        features = self.model(batch.src, batch.tgt_in, features_only=True)
         smoothing, pad = self.optim_config.label_smoothing, self.model_config.pad_id
-        return label_smoothed_loss(logits, batch.tgt_out, smoothing, pad)
+        return projected_label_smoothed_loss(
+            features, self.model.output, batch.tgt_out, smoothing, pad
+        )
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:

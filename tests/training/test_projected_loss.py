@@ -1,0 +1,207 @@
+"""`projected_label_smoothed_loss`: the output layer fused into the loss, its logits built a
+block of rows at a time, equals the loss of the whole logits in value and in every gradient."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.data.dataset import collate
+from aiayn.model import ModelConfig, build_model
+from aiayn.model.embedding import OutputProjection
+from aiayn.training import loss as loss_module
+from aiayn.training.loss import (
+    fuses_projection,
+    label_smoothed_loss,
+    projected_label_smoothed_loss,
+)
+from aiayn.training.module import TranslationModule
+
+V, D = 23, 12
+TARGET = torch.tensor([[4, 5, 6, 0, 0, 0, 0], [7, 8, 9, 10, 2, 22, 1], [3, 3, 3, 3, 3, 3, 0]])
+
+
+def output_layer(bias: bool, d_embed: int | None, dtype: torch.dtype) -> OutputProjection:
+    torch.manual_seed(0)
+    output = OutputProjection(D, V, d_embed, bias).to(dtype)
+    output.reset_parameters()
+    if bias:
+        torch.nn.init.normal_(output.bias)
+    return output
+
+
+def loss_and_grads(loss_fn, features, output, scale=2.5):
+    """(loss, nll, d(scale * loss)/d features, then each parameter of `output`)."""
+    for tensor in (features, *output.parameters()):
+        tensor.grad = None
+    loss, nll = loss_fn()
+    (scale * loss).backward()
+    grads = [features.grad, *(p.grad for p in output.parameters())]
+    return [loss.detach(), nll, *(g.clone() for g in grads)]
+
+
+@pytest.mark.parametrize("rows", [1, 4, 256])
+@pytest.mark.parametrize(("bias", "d_embed"), [(False, None), (True, None), (False, 5), (True, 5)])
+def test_blocks_give_the_loss_and_gradients_of_the_whole_logits(bias, d_embed, rows):
+    """float64, blocks of 1, 4 (the last one short: 21 rows) and 256 rows (one block): the
+    loss, the NLL and the gradients of the features, the output matrix, its bias and the
+    factorized projection equal those of `label_smoothed_loss` over `output(features)`, and
+    torch's cross-entropy; an upstream gradient of 2.5 scales them all."""
+    output = output_layer(bias, d_embed, torch.float64)
+    features = (3 * torch.randn(3, 7, D, dtype=torch.float64)).requires_grad_()
+    fused = loss_and_grads(
+        lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=rows),
+        features,
+        output,
+    )
+    whole = loss_and_grads(
+        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
+    )
+    assert len(fused) == len(whole) == 4 + bias + (d_embed is not None)
+    for ours, reference in zip(fused, whole, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-13)
+    logits = output(features).view(-1, V)
+    torch_loss = F.cross_entropy(logits, TARGET.view(-1), ignore_index=0, label_smoothing=0.1)
+    torch.testing.assert_close(fused[0], torch_loss.detach(), rtol=1e-12, atol=0)
+    assert fused[2][0, 3:].abs().sum() == 0  # padding rows get no gradient
+
+
+def test_float32_blocks_match_the_whole_logits():
+    """float32, tied to nothing, blocks of 4: within float32 rounding of the whole logits."""
+    output = output_layer(False, None, torch.float32)
+    features = (3 * torch.randn(3, 7, D)).requires_grad_()
+    fused = loss_and_grads(
+        lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4),
+        features,
+        output,
+    )
+    whole = loss_and_grads(
+        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
+    )
+    for ours, reference in zip(fused, whole, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
+
+
+def test_gradcheck_and_a_confident_model():
+    """gradcheck through the features, the output matrix and its bias in float64; logits 100x
+    as large (a model sure of wrong tokens): the NLL is torch's, finite and large."""
+    output = output_layer(True, None, torch.float64)
+    features = torch.randn(3, 7, D, dtype=torch.float64, requires_grad=True)
+    weight = output.weight.detach().clone().requires_grad_()
+    bias = output.bias.detach().clone().requires_grad_()
+
+    def loss(f, w, b):
+        layer = SimpleNamespace(proj=None, weight=w, bias=b)
+        return projected_label_smoothed_loss(f, layer, TARGET, 0.2, rows=5)[0]
+
+    assert torch.autograd.gradcheck(loss, (features, weight, bias))
+    big = 100 * features.detach()
+    _, nll = projected_label_smoothed_loss(big, output, TARGET, 0.1, rows=5)
+    reference = F.cross_entropy(output(big).view(-1, V), TARGET.view(-1), ignore_index=0)
+    assert torch.isfinite(nll) and nll > 100
+    torch.testing.assert_close(nll, reference.detach(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "frozen"])
+def test_without_gradients_the_loss_is_the_same(mode):
+    """Under no_grad / inference_mode (validation) or with nothing requiring gradients the
+    blocks only reduce the logits: the same loss and NLL, no gradient kept."""
+    output = output_layer(True, None, torch.float64)
+    features = torch.randn(3, 7, D, dtype=torch.float64)
+    expected = label_smoothed_loss(output(features), TARGET, 0.1)
+    if mode == "frozen":
+        output.requires_grad_(False)
+        got = projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4)
+    else:
+        with getattr(torch, mode)():
+            got = projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4)
+    assert not got[0].requires_grad
+    for ours, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, reference.detach(), rtol=1e-12, atol=0)
+
+
+def test_backward_twice_with_retained_graph_gives_the_same_gradients():
+    output = output_layer(False, None, torch.float64)
+    features = torch.randn(3, 7, D, dtype=torch.float64, requires_grad=True)
+    loss, _ = projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4)
+    loss.backward(retain_graph=True)
+    first = features.grad.clone()
+    features.grad = None
+    loss.backward()
+    torch.testing.assert_close(features.grad, first, rtol=0, atol=0)
+
+
+def test_where_the_blocks_apply():
+    """float32/float64 CPU tensors outside autocast; bf16, autocast and empty batches build
+    the logits whole, and then the result is `label_smoothed_loss`'s."""
+    x, w = torch.randn(4, D), torch.nn.Parameter(torch.randn(V, D))
+    assert fuses_projection(x, w)
+    assert fuses_projection(x.double(), w.double())
+    assert not fuses_projection(x.bfloat16(), w.bfloat16())
+    assert not fuses_projection(x[:0], w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fuses_projection(x, w)
+        output = output_layer(False, None, torch.float32)
+        features = torch.randn(3, 7, D)
+        got = projected_label_smoothed_loss(features, output, TARGET, 0.1)
+        expected = label_smoothed_loss(output(features), TARGET, 0.1)
+    assert got[0].item() == expected[0].item()
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_features_only_is_the_output_layers_input(arch):
+    config = ModelConfig(
+        arch=arch, src_vocab_size=V, tgt_vocab_size=V, d_model=16, num_heads=2, d_ff=32
+    )
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    src, tgt = torch.randint(3, V, (2, 6)), torch.randint(3, V, (2, 5))
+    src[0, 4:] = tgt[1, 3:] = config.pad_id
+    features = model(src, tgt, features_only=True)
+    assert features.shape == (2, 5, 16)
+    torch.testing.assert_close(model.output(features), model(src, tgt), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("share", ["all", "none"])
+def test_the_modules_update_has_the_gradients_of_the_whole_logits(share, monkeypatch):
+    """`TranslationModule.losses` takes the blocked path (spied on) and gives every parameter
+    the gradient that the whole logits give (`fuses_projection` forced off), tied output
+    matrix or not, on a padded batch."""
+    config = ModelConfig(
+        src_vocab_size=V,
+        tgt_vocab_size=V,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        share_embeddings=share,
+    )
+    torch.manual_seed(0)
+    module = TranslationModule(config.__dict__, {"label_smoothing": 0.1}, {}, val_bleu=False)
+    rows = torch.randint(4, V, (3, 9)).tolist()
+    batch = collate([(i, row[: 4 + 2 * i], row[: 9 - 2 * i]) for i, row in enumerate(rows)])
+    assert batch.tgt_out.eq(config.pad_id).any()
+    calls = []
+    forward = loss_module._ProjectedLabelSmoothedCE.forward
+    monkeypatch.setattr(
+        loss_module._ProjectedLabelSmoothedCE,
+        "forward",
+        staticmethod(lambda *a: calls.append(1) or forward(*a)),
+    )
+
+    def gradients():
+        module.zero_grad(set_to_none=True)
+        loss, _ = module.losses(batch)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in module.named_parameters()}
+
+    fused_loss, fused = gradients()
+    assert calls == [1]
+    monkeypatch.setattr(loss_module, "fuses_projection", lambda x, w: False)
+    whole_loss, whole = gradients()
+    assert calls == [1]
+    torch.testing.assert_close(fused_loss, whole_loss, rtol=1e-6, atol=0)
+    assert fused.keys() == whole.keys()
+    for name in fused:
+        torch.testing.assert_close(fused[name], whole[name], rtol=1e-4, atol=1e-6, msg=name)
