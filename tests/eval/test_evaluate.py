@@ -133,3 +133,34 @@ def test_score_mode_gives_each_references_nll(ckpt, translator, data_overrides, 
     assert result["nll_per_token"] == pytest.approx(total / tokens, rel=1e-4)
     assert result["ppl"] == pytest.approx(math.exp(total / tokens), rel=1e-4)
     assert json.loads((tmp_path / "score.json").read_text())["tokens"] == tokens
+
+
+@pytest.mark.slow
+def test_decode_corpus_benchmark_prints_rates_and_the_bleu_evaluate_gives(ckpt, tmp_path):
+    """`benchmarks/decode_corpus.py` on the trained toy checkpoint: a row per engine and
+    strategy whose rate is the split's sentences over its seconds, and whose BLEU is that of
+    the hypotheses `translate_all` gives (as evaluate.py decodes)."""
+    pytest.importorskip("ctranslate2")
+    from aiayn.inference import load_checkpoint
+
+    args = ["--ckpt", str(ckpt), "--engines", "torch,ctranslate2-int8", "--repeats", "1"]
+    done = cli([*args, "--threads", "1"], tmp_path, module="benchmarks/decode_corpus.py")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in done.stdout.splitlines()
+        if line.startswith(("| torch", "| ctranslate2"))
+    ]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("torch", "greedy"),
+        ("torch", "beam 4"),
+        ("ctranslate2-int8", "greedy"),
+        ("ctranslate2-int8", "beam 4"),
+    ]
+    sources, references = read_split(run_data_config(ckpt), "test")
+    for _, _, seconds, rate, _ in rows:  # seconds printed to the millisecond, rates to 0.1
+        low, high = (len(sources) / (float(seconds) + d) for d in (0.0005, -0.0005))
+        assert low - 0.05 <= float(rate) <= high + 0.05
+    translator = load_checkpoint(ckpt, "cpu").with_settings({"strategy": "greedy"})
+    expected = score(translator.translate_all(sources, 64), references)["bleu"]
+    assert float(rows[0][4]) == pytest.approx(expected, abs=0.005)

@@ -310,6 +310,41 @@ def test_respects_max_length_per_sentence(config: DecodeConfig) -> None:
     assert results[1][0].tokens == [5, 6, 5, 6, 5, 6, 5, 6]
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodeConfig(max_len_a=1.0, max_len_b=2),
+        DecodeConfig("beam", beam_size=2, max_len_a=1.0, max_len_b=2),
+        DecodeConfig("sample", seed=3, max_len_a=1.0, max_len_b=2),
+    ],
+    ids=["greedy", "beam", "sample"],
+)
+def test_a_sentence_that_has_ended_leaves_the_batch(config: DecodeConfig) -> None:
+    """Sentences limited to 3, 8 and 6 tokens: each decoder step after a sentence's last one
+    runs without its rows (k per sentence in beam search), and the outputs are those of the
+    sentences decoded alone."""
+    model = scripted_model({BOS: 5, 5: 6, 6: 5}, never_eos=True)
+    src = random_tokens(3, 6, 10)
+    src[0, 1:] = PAD
+    src[2, 4:] = PAD
+    rows: list[int] = []
+    step = model.decode_step
+
+    def counted(tokens: torch.Tensor, cache: Any) -> torch.Tensor:
+        rows.append(tokens.size(0))
+        return step(tokens, cache)
+
+    model.decode_step = counted  # type: ignore[method-assign]
+    results = generate(model, src, config)
+    k = config.beam_size if config.strategy == "beam" else 1
+    assert rows == [3 * k] * 3 + [2 * k] * 3 + [k] * 2
+    for row, hyps in enumerate(results):
+        n = int((src[row] != PAD).sum())
+        (alone,) = generate(model, src[row : row + 1, :n], config)
+        assert [h.tokens for h in alone] == [h.tokens for h in hyps]
+        assert len(hyps[0].tokens) == n + 2
+
+
 def test_max_length_is_capped_to_max_positions() -> None:
     model = scripted_model({BOS: 5, 5: 6, 6: 5}, never_eos=True)
     (hyps,) = generate(model, random_tokens(1, 6, 10), DecodeConfig(max_len_a=20.0))

@@ -10,7 +10,9 @@ hypothesis that reaches the maximum length (``max_len_a * |src| + max_len_b`` to
 sentence, capped to ``max_positions``) stops there without an EOS. Beam search keeps a
 sentence's ``beam_size`` best unfinished hypotheses, collects those that emit EOS within the
 top ``beam_size`` candidates of a step, and finishes the sentence once it has ``beam_size``
-of them (as fairseq); decoding stops as soon as every sentence is finished. Sampling draws
+of them (as fairseq); decoding stops as soon as every sentence is finished. In every
+strategy a sentence that is finished leaves the batch and the cache at once (its ``beam_size``
+rows in beam search), so the later steps cost only what is still decoding. Sampling draws
 each token from the model's distribution divided by ``temperature`` and cut to the ``top_k``
 most likely tokens and to the smallest set whose probability reaches ``top_p``, with a
 generator seeded by ``seed`` (the same seed gives the same samples); its score is that of
@@ -250,28 +252,33 @@ def _greedy(
     pick: Pick,
     forced: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """One token per step, chosen by `pick` (`_argmax`: greedy search; `_sampler`)."""
-    B = len(max_lens)
+    """One token per step, chosen by `pick` (`_argmax`: greedy search; `_sampler`). A sentence
+    that ends leaves the batch (and the cache) at once: the steps after it cost only what is
+    still decoding."""
+    B, steps = len(max_lens), max(max_lens)
     bos_id, eos_id = model.config.bos_id, model.config.eos_id
+    rows = torch.arange(B, device=device)  # the sentence of each row still decoding
     limit = torch.tensor(max_lens, device=device)
     token = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     score = torch.zeros(B, device=device)
     length = torch.zeros(B, dtype=torch.long, device=device)  # scored tokens (incl. EOS)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    steps = []
-    for step in range(max(max_lens)):
+    out = torch.full((B, steps), eos_id, dtype=torch.long, device=device)
+    for step in range(steps):
         best, token = pick(_next_logprobs(model, token, cache, forced, step))
-        alive = ~finished
-        score = torch.where(alive, score + best[:, 0], score)
-        length += alive.long()
-        steps.append(token[:, 0])
-        finished |= (token[:, 0] == eos_id) | (step + 1 >= limit)
-        if bool(finished.all()):
-            break
-    out = torch.stack(steps, dim=1).tolist()
+        score[rows] += best[:, 0]
+        length[rows] += 1
+        out[rows, step] = token[:, 0]
+        ended = (token[:, 0] == eos_id) | (step + 1 >= limit)
+        if bool(ended.any()):
+            if bool(ended.all()):
+                break
+            going = (~ended).nonzero()[:, 0]
+            cache.reorder(going)
+            rows, limit, token = rows[going], limit[going], token[going]
+            forced = forced[going] if forced is not None else None
     results = []
-    for b, (n, s) in enumerate(zip(length.tolist(), score.tolist(), strict=True)):
-        tokens = out[b][:n]
+    for tokens, n, s in zip(out.tolist(), length.tolist(), score.tolist(), strict=True):
+        tokens = tokens[:n]
         if tokens and tokens[-1] == eos_id:
             tokens = tokens[:-1]
         results.append([Hypothesis(tokens, s / length_penalty(n, alpha))])
@@ -288,21 +295,24 @@ def _beam(
     device: torch.device,
     forced: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
+    """Batched beam search (see the module docstring). A sentence that is finished leaves the
+    batch (its ``k`` rows of the cache) at once."""
     B = len(max_lens)
     bos_id, eos_id = model.config.bos_id, model.config.eos_id
     cache.reorder(torch.arange(B, device=device).repeat_interleave(k))
+    sentences = list(range(B))  # the sentence of each group of k rows still decoding
     tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)  # BOS + prefix
     scores = torch.zeros(B, k, device=device)
     scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
     rank = torch.arange(2 * k, device=device)
-    first_row = torch.arange(B, device=device)[:, None] * k
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    done = [False] * B
     for step in range(max(max_lens)):
-        logprobs = _next_logprobs(model, tokens[:, -1:], cache, forced, step)  # (B*k, V)
+        n = len(sentences)
+        first_row = torch.arange(n, device=device)[:, None] * k
+        logprobs = _next_logprobs(model, tokens[:, -1:], cache, forced, step)  # (n*k, V)
         V = logprobs.size(-1)
-        candidates = (scores.view(-1, 1) + logprobs).view(B, k * V)
-        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (B, 2k), best first
+        candidates = (scores.view(-1, 1) + logprobs).view(n, k * V)
+        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (n, 2k), best first
         top_beam, top_token = top_index // V, top_index % V
         is_eos = top_token == eos_id
         # hypotheses ending with EOS among the k best candidates are finished (|Y| = step + 1)
@@ -311,10 +321,10 @@ def _beam(
         if eos_hits:
             rows = (first_row + top_beam).tolist()
             eos_scores = top_scores.tolist()
-            for b, j in eos_hits:
-                if not done[b] and len(finished[b]) < k:
-                    prefix = tokens[rows[b][j], 1:].tolist()
-                    finished[b].append(Hypothesis(prefix, eos_scores[b][j] / penalty))
+            for i, j in eos_hits:
+                if len(finished[sentences[i]]) < k:
+                    prefix = tokens[rows[i][j], 1:].tolist()
+                    finished[sentences[i]].append(Hypothesis(prefix, eos_scores[i][j] / penalty))
         # the k best candidates not ending with EOS go on (each beam has one EOS among its
         # candidates, so at least k of the 2k are not EOS)
         keep = (is_eos.long() * (2 * k) + rank).argsort(dim=-1)[:, :k]
@@ -322,19 +332,28 @@ def _beam(
         new_token = top_token.gather(1, keep)
         rows = (first_row + top_beam.gather(1, keep)).view(-1)
         tokens = torch.cat([tokens.index_select(0, rows), new_token.view(-1, 1)], dim=1)
-        for b in range(B):
-            if done[b]:
-                continue
+        going = []
+        for i, b in enumerate(sentences):
             if len(finished[b]) >= k:
-                done[b] = True
-            elif step + 1 >= max_lens[b]:  # length limit: the alive beams stop here
-                alive = scores[b].tolist()
+                continue
+            if step + 1 >= max_lens[b]:  # length limit: the alive beams stop here
+                alive = scores[i].tolist()
                 for j in range(k):
                     if alive[j] != float("-inf"):
-                        prefix = tokens[b * k + j, 1:].tolist()
+                        prefix = tokens[i * k + j, 1:].tolist()
                         finished[b].append(Hypothesis(prefix, alive[j] / penalty))
-                done[b] = True
-        if all(done):
+                continue
+            going.append(i)
+        if not going:
             break
-        cache.reorder(rows, cross=False)
+        if len(going) == n:
+            cache.reorder(rows, cross=False)
+            continue
+        # the finished sentences' rows leave; the others take their beams' rows, as above
+        group = torch.tensor(going, device=device)
+        kept_rows = (group[:, None] * k + torch.arange(k, device=device)).view(-1)
+        cache.reorder(rows[kept_rows])
+        sentences = [sentences[i] for i in going]
+        scores, tokens = scores[group], tokens[kept_rows]
+        forced = forced[kept_rows] if forced is not None else None
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
