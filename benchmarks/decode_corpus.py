@@ -7,7 +7,7 @@ sacreBLEU against the references (lowercased where the model's vocabulary is).
 
     python benchmarks/decode_corpus.py --ckpt <run>/checkpoints/averaged.ckpt [--split test]
         [--engines torch,ctranslate2-float32,ctranslate2-int8] [--batch-size 64]
-        [--repeats 2] [--threads 2]
+        [--repeats 2] [--threads 2] [--hypotheses DIR]
 
 Unlike `decode_speed.py` (random weights, every sentence forced to the same length), the
 sentences here end where the model ends them, so this is where decoding a batch whose
@@ -15,7 +15,8 @@ sentences finish at different steps is measured. The engines run one after anoth
 process, PyTorch first (a CTranslate2 translator that has run slows torch's products in the
 same process). To compare two versions of aiayn, run this script under each
 (`PYTHONPATH=<other checkout>/src`: it uses only `load_translator`, `read_split` and
-`translate_all`).
+`translate_all`); `--hypotheses DIR` writes each row's translations to
+`DIR/<engine>.<strategy>.txt`, so that two versions' outputs can be compared with `diff`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--hypotheses", type=Path, default=None)
     args = parser.parse_args()
     engines = args.engines.split(",")
     unknown = sorted(set(engines) - set(ENGINES))
@@ -78,6 +80,10 @@ def main() -> None:
                 best = min(best, time.perf_counter() - start)
             label = strategy if strategy == "greedy" else f"beam {settled.decode.beam_size}"
             bleu = score(hypotheses, references)["bleu"]
+            if args.hypotheses is not None:
+                args.hypotheses.mkdir(parents=True, exist_ok=True)
+                text = "".join(f"{line}\n" for line in hypotheses)
+                (args.hypotheses / f"{name}.{strategy}.txt").write_text(text, encoding="utf-8")
             rate = len(sources) / best
             print(f"| {name} | {label} | {best:.3f} | {rate:.1f} | {bleu:.2f} |", flush=True)
         del translator
