@@ -11,10 +11,12 @@ replaced, and the one-update A/B of aiayn's dropout against torch's:
 - a decode step's output projection, 32 or 128 rows x 256 -> 8000, MKL vs oneDNN
   (`model.linear.DECODE_ONEDNN`);
 - the output layer and the loss, forward and backward, 1536 rows x d_model -> 8000 at the
-  three shapes' widths: the whole logits then `label_smoothed_loss` vs
-  `projected_label_smoothed_loss` (blocks of rows, gradients in the same loop);
+  three shapes' widths, in float32 and (where bf16 is native) under bf16 autocast: the whole
+  logits then `label_smoothed_loss` vs `projected_label_smoothed_loss` (blocks of rows,
+  gradients in the same loop);
 - one training update at `train_speed.py`'s shapes with aiayn's dropout vs `F.dropout`, and
-  with the whole logits vs the blocks, alternating in one process (best of `--updates`).
+  with the whole logits vs the blocks (float32, and bf16-mixed where bf16 is native),
+  alternating in one process (best of `--updates`).
 
     python benchmarks/kernels.py [--repeats 20] [--updates 7] [--threads 2]
 
@@ -33,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.allocator import keep_freed_memory
+from aiayn.machine import bf16_native
 from aiayn.model import dropout as dropout_module
 from aiayn.model.attention import sdpa
 from aiayn.model.embedding import OutputProjection
@@ -124,14 +127,19 @@ def main() -> None:
             best_ms(lambda h=h: F.linear(h, weight), args.repeats),
         )
     target = torch.randint(4, 8000, (64, 24))
-    for d_model in sorted({shape[0] for shape in SHAPES.values()}):
-        row(
-            f"output layer + loss, fwd + bwd, 1536 x {d_model} -> 8000",
-            "whole logits",
-            "row blocks",
-            best_ms(output_and_loss(d_model, target, label_smoothed_loss), args.repeats),
-            best_ms(output_and_loss(d_model, target, None), args.repeats),
-        )
+    for precision in ["fp32", "bf16-mixed"] if bf16_native() else ["fp32"]:
+        for d_model in sorted({shape[0] for shape in SHAPES.values()}):
+            row(
+                f"output layer + loss, {precision}, fwd + bwd, 1536 x {d_model} -> 8000",
+                "whole logits",
+                "row blocks",
+                *(
+                    best_ms(
+                        autocast(precision, output_and_loss(d_model, target, loss)), args.repeats
+                    )
+                    for loss in (label_smoothed_loss, None)
+                ),
+            )
     sizes = argparse.Namespace(batch_size=64, src_len=24, tgt_len=24, vocab=8000)
     batch = random_batch(sizes, torch.device("cpu"))
     torch_dropout = (
@@ -139,17 +147,21 @@ def main() -> None:
         "dropout",
         lambda x, p, training=True: F.dropout(x, p, training),
     )
-    whole_logits = (loss_module, "fuses_projection", lambda x, weight: False)
-    for first, second, swap in [
-        ("F.dropout", "aiayn dropout", torch_dropout),
-        ("whole logits", "row blocks", whole_logits),
-    ]:
+    whole_logits = (loss_module, "product_dtype", lambda x, weight: None)
+    tables = [
+        ("fp32", "F.dropout", "aiayn dropout", torch_dropout),
+        ("fp32", "whole logits", "row blocks", whole_logits),
+    ]
+    if bf16_native():
+        tables.append(("bf16-mixed", "whole logits", "row blocks", whole_logits))
+    for precision, first, second, swap in tables:
         print()
-        print(f"| one update | {first} tgt tok/s | {second} tgt tok/s | speed-up |")
+        print(f"| one {precision} update | {first} tgt tok/s | {second} tgt tok/s | speed-up |")
         print("|---|---:|---:|---:|")
         for name, shape in SHAPES.items():
             ours, theirs = aiayn_step(shape, 8000, batch), aiayn_step(shape, 8000, batch)
-            t_ours, t_theirs = best_seconds([ours, patched(theirs, *swap)], args.updates, idle)
+            ours, theirs = autocast(precision, ours), autocast(precision, patched(theirs, *swap))
+            t_ours, t_theirs = best_seconds([ours, theirs], args.updates, idle)
             rates = f"{batch.num_tgt_tokens / t_theirs:.0f} | {batch.num_tgt_tokens / t_ours:.0f}"
             print(f"| {name} | {rates} | {t_theirs / t_ours:.2f}x |", flush=True)
 
@@ -178,11 +190,22 @@ def output_and_loss(
     return run
 
 
+def autocast(precision: str, step: Callable[[], None]) -> Callable[[], None]:
+    """`step` as is ("fp32") or under CPU bf16 autocast ("bf16-mixed", what
+    `trainer.precision=bf16-mixed` runs)."""
+
+    def run() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            step()
+
+    return run
+
+
 def patched(
     step: Callable[[], None], module: object, name: str, value: object
 ) -> Callable[[], None]:
     """`step` with `module.name` set to `value` while it runs (aiayn looks both swapped names
-    up per call: `Dropout.forward` its `dropout`, the loss its `fuses_projection`)."""
+    up per call: `Dropout.forward` its `dropout`, the loss its `product_dtype`)."""
     ours = getattr(module, name)
 
     def run() -> None:

@@ -11,11 +11,7 @@ from aiayn.data.dataset import collate
 from aiayn.model import ModelConfig, build_model
 from aiayn.model.embedding import OutputProjection
 from aiayn.training import loss as loss_module
-from aiayn.training.loss import (
-    fuses_projection,
-    label_smoothed_loss,
-    projected_label_smoothed_loss,
-)
+from aiayn.training.loss import label_smoothed_loss, product_dtype, projected_label_smoothed_loss
 from aiayn.training.module import TranslationModule
 
 V, D = 23, 12
@@ -132,21 +128,51 @@ def test_backward_twice_with_retained_graph_gives_the_same_gradients():
     torch.testing.assert_close(features.grad, first, rtol=0, atol=0)
 
 
-def test_where_the_blocks_apply():
-    """float32/float64 CPU tensors outside autocast; bf16, autocast and empty batches build
-    the logits whole, and then the result is `label_smoothed_loss`'s."""
+def test_where_the_blocks_apply_and_in_which_dtype():
+    """CPU tensors of one dtype: their own products in float32, float64 and bfloat16, bf16
+    under bf16 autocast (bf16-mixed); float16 and empty batches build the logits whole."""
     x, w = torch.randn(4, D), torch.nn.Parameter(torch.randn(V, D))
-    assert fuses_projection(x, w)
-    assert fuses_projection(x.double(), w.double())
-    assert not fuses_projection(x.bfloat16(), w.bfloat16())
-    assert not fuses_projection(x[:0], w)
+    assert product_dtype(x, w) == torch.float32
+    assert product_dtype(x.double(), w.double()) == torch.float64
+    assert product_dtype(x.bfloat16(), w.bfloat16()) == torch.bfloat16
+    assert product_dtype(x.half(), w.half()) is None
+    assert product_dtype(x[:0], w) is None
+    assert product_dtype(x.double(), w) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not fuses_projection(x, w)
-        output = output_layer(False, None, torch.float32)
-        features = torch.randn(3, 7, D)
-        got = projected_label_smoothed_loss(features, output, TARGET, 0.1)
-        expected = label_smoothed_loss(output(features), TARGET, 0.1)
-    assert got[0].item() == expected[0].item()
+        assert product_dtype(x, w) == torch.bfloat16
+        assert product_dtype(x.double(), w.double()) == torch.float64
+
+
+@pytest.mark.parametrize("how", ["bf16 autocast", "bf16 weights"])
+def test_bfloat16_blocks_match_the_whole_logits_to_bfloat16_rounding(how):
+    """bf16 products (bf16-mixed's autocast, or bf16 weights), softmax in float32: the loss
+    and the gradients of the features and the output matrix are the whole logits' (autocast or
+    bf16 the same way) to bfloat16 rounding, and the float32 ones to a little more."""
+    output = output_layer(False, None, torch.float32)
+    features = (3 * torch.randn(3, 7, D)).requires_grad_()
+    exact = loss_and_grads(
+        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
+    )
+    if how == "bf16 weights":
+        output.bfloat16()
+        features = features.detach().bfloat16().requires_grad_()
+        context = torch.autocast("cpu", enabled=False)
+    else:
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+    with context:
+        fused = loss_and_grads(
+            lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4),
+            features,
+            output,
+        )
+        whole = loss_and_grads(
+            lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
+        )
+    assert fused[2].dtype == features.dtype and fused[3].dtype == output.weight.dtype
+    for ours, theirs, reference in zip(fused, whole, exact, strict=True):
+        scale = reference.abs().max().item()
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=0, atol=0.02 * scale)
+        torch.testing.assert_close(ours.float(), reference, rtol=0, atol=0.03 * scale)
 
 
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])
@@ -166,7 +192,7 @@ def test_features_only_is_the_output_layers_input(arch):
 @pytest.mark.parametrize("share", ["all", "none"])
 def test_the_modules_update_has_the_gradients_of_the_whole_logits(share, monkeypatch):
     """`TranslationModule.losses` takes the blocked path (spied on) and gives every parameter
-    the gradient that the whole logits give (`fuses_projection` forced off), tied output
+    the gradient that the whole logits give (`product_dtype` forced to None), tied output
     matrix or not, on a padded batch."""
     config = ModelConfig(
         src_vocab_size=V,
@@ -198,7 +224,7 @@ def test_the_modules_update_has_the_gradients_of_the_whole_logits(share, monkeyp
 
     fused_loss, fused = gradients()
     assert calls == [1]
-    monkeypatch.setattr(loss_module, "fuses_projection", lambda x, w: False)
+    monkeypatch.setattr(loss_module, "product_dtype", lambda x, w: None)
     whole_loss, whole = gradients()
     assert calls == [1]
     torch.testing.assert_close(fused_loss, whole_loss, rtol=1e-6, atol=0)

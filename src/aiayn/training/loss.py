@@ -95,8 +95,9 @@ BLOCK_ROWS = 256  # rows of logits per block in `projected_label_smoothed_loss`
 
 class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     """(loss, nll) of ``logits = x @ weight.T + bias`` against ``target (N,)``, the logits built
-    ``rows`` at a time and never whole; with ``grads`` the forward pass also computes the
-    gradients of the loss (for an upstream gradient of 1), which backward scales."""
+    ``rows`` at a time and never whole, their products in ``dtype`` and their softmax in at
+    least float32; with ``grads`` the forward pass also computes the gradients of the loss (for
+    an upstream gradient of 1, in the inputs' dtypes), which backward scales."""
 
     @staticmethod
     def forward(
@@ -109,80 +110,114 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         pad_id: int,
         rows: int,
         grads: bool,
+        dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
-        (n, _), vocab = x.shape, weight.size(0)
-        keep = target.ne(pad_id)
-        share = keep.to(x.dtype) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
-        gold, gold_log_prob = x.new_empty(n), x.new_empty(n)  # logit and log-probability
-        grad_x = torch.empty_like(x) if grads else None
-        grad_w = torch.empty_like(weight) if grads else None
-        x_share = x * share.unsqueeze(-1) if grads else None  # (N, D): rows weighted as in the mean
-        grad_b = torch.zeros_like(bias) if grads and bias is not None else None
-        block = x.new_empty(min(rows, n), vocab)
-        for start in range(0, n, rows):
-            rows_here = slice(start, start + rows)
-            xb, tb = x[rows_here], target[rows_here].unsqueeze(-1)
-            logits = block[: xb.size(0)]
-            if bias is None:
-                torch.mm(xb, weight.t(), out=logits)
-            else:
-                torch.addmm(bias, xb, weight.t(), out=logits)
-            gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
-            # in place: one fused pass, where logsumexp would build two temporaries
-            log_probs = torch.log_softmax(logits, -1, out=logits)
-            gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
-            if not grads:
-                continue
-            probs = log_probs.exp_()
-            torch.mm(probs, weight, out=grad_x[rows_here])
-            if start == 0:
-                torch.mm(probs.t(), x_share[rows_here], out=grad_w)
-            else:
-                grad_w.addmm_(probs.t(), x_share[rows_here])
-            if grad_b is not None:
-                grad_b.addmv_(probs.t(), share[rows_here])
-        # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
-        weight_mean = weight.mean(0)
-        mean = x @ weight_mean + (bias.mean() if bias is not None else 0.0)
-        lse = gold - gold_log_prob  # log-sum-exp of each row's logits
-        nll = -(gold_log_prob * share).sum()
-        smooth = ((lse - mean) * share).sum()
-        ctx.mark_non_differentiable(nll)
-        if grads:
-            # d loss / d logits = share * (softmax - (1 - ε) onehot(target) - ε / V); the loop
-            # multiplied by softmax, the two other terms are sums of rows taken here
-            grad_x.sub_(weight[target], alpha=1 - epsilon).sub_(weight_mean, alpha=epsilon)
-            grad_x.mul_(share.unsqueeze(-1))
-            grad_w.sub_(x_share.sum(0), alpha=epsilon / vocab)
-            grad_w.index_add_(0, target, x_share, alpha=epsilon - 1)
-            saved = [grad_x, grad_w]
-            if grad_b is not None:
-                grad_b.sub_(share.sum() * epsilon / vocab)
-                grad_b.index_add_(0, target, share, alpha=epsilon - 1)
-                saved.append(grad_b)
-            ctx.save_for_backward(*saved)
-        return (1.0 - epsilon) * nll + epsilon * smooth, nll
+        with torch.autocast(x.device.type, enabled=False):  # the products' dtype is explicit
+            return _blocks(ctx, x, weight, bias, target, epsilon, pad_id, rows, grads, dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor | None) -> tuple:
         grad_x, grad_w, *grad_b = (g * grad_loss for g in ctx.saved_tensors)
-        return grad_x, grad_w, (grad_b[0] if grad_b else None), None, None, None, None, None
+        bias = grad_b[0] if grad_b else None
+        return grad_x, grad_w, bias, None, None, None, None, None, None
 
 
-def fuses_projection(x: Tensor, weight: Tensor) -> bool:
-    """Whether `projected_label_smoothed_loss` takes its blocked path for features ``x`` and
-    output matrix ``weight``: float32 or float64 on the CPU, outside autocast, plain tensors
-    (not FSDP's DTensor). Elsewhere it builds the logits whole (measured on CPUs only)."""
-    return (
+def _blocks(
+    ctx: Any,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    epsilon: float,
+    pad_id: int,
+    rows: int,
+    grads: bool,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """`_ProjectedLabelSmoothedCE.forward`: ``x (N, D)``, ``weight (V, D)``, ``bias (V,)``."""
+    (n, _), vocab = x.shape, weight.size(0)
+    soft = torch.promote_types(dtype, torch.float32)  # the softmax's dtype
+    keep = target.ne(pad_id)
+    share = keep.to(soft) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
+    x_p, w_p = x.to(dtype), weight.to(dtype)
+    b_p = bias.to(dtype) if bias is not None else None
+    gold, gold_log_prob = x.new_empty(n, dtype=soft), x.new_empty(n, dtype=soft)
+    if grads:
+        grad_x = torch.empty_like(x)
+        grad_w = torch.zeros(weight.shape, dtype=soft, device=x.device)
+        grad_b = torch.zeros_like(bias, dtype=soft) if bias is not None else None
+        x_share = (x * share.unsqueeze(-1).to(x.dtype)).to(dtype)  # (N, D): weighted rows
+    products = x.new_empty(min(rows, n), vocab, dtype=dtype)
+    softmax = products if soft == dtype else torch.empty_like(products, dtype=soft)
+    for start in range(0, n, rows):
+        rows_here = slice(start, start + rows)
+        xb, tb = x_p[rows_here], target[rows_here].unsqueeze(-1)
+        size = xb.size(0)
+        if b_p is None:
+            logits = torch.mm(xb, w_p.t(), out=products[:size])
+        else:
+            logits = torch.addmm(b_p, xb, w_p.t(), out=products[:size])
+        logits = softmax[:size].copy_(logits) if soft != dtype else logits
+        gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
+        # in place: one fused pass, where logsumexp would build two temporaries
+        log_probs = torch.log_softmax(logits, -1, out=logits)
+        gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
+        if not grads:
+            continue
+        probs = log_probs.exp_()
+        probs_p = products[:size].copy_(probs) if soft != dtype else probs
+        if grad_x.dtype == dtype:
+            torch.mm(probs_p, w_p, out=grad_x[rows_here])
+        else:  # a bfloat16 product into float32 features' gradient
+            grad_x[rows_here] = probs_p @ w_p
+        if soft == dtype:
+            grad_w.addmm_(probs_p.t(), x_share[rows_here])
+        else:  # summed in float32, block by block
+            grad_w.add_(probs_p.t() @ x_share[rows_here])
+        if grad_b is not None:
+            grad_b.addmv_(probs.t(), share[rows_here])
+    # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
+    weight_mean = weight.to(soft).mean(0)
+    mean = x.to(soft) @ weight_mean + (bias.to(soft).mean() if bias is not None else 0.0)
+    lse = gold - gold_log_prob  # log-sum-exp of each row's logits
+    nll = -(gold_log_prob * share).sum()
+    smooth = ((lse - mean) * share).sum()
+    ctx.mark_non_differentiable(nll)
+    if grads:
+        # d loss / d logits = share * (softmax - (1 - ε) onehot(target) - ε / V); the loop
+        # multiplied by softmax, the two other terms are sums of rows taken here
+        correction = weight[target].to(soft).mul_(1 - epsilon).add_(weight_mean, alpha=epsilon)
+        grad_x.copy_((grad_x.to(soft) - correction).mul_(share.unsqueeze(-1)))
+        x_share = x_share.to(soft)
+        grad_w.sub_(x_share.sum(0), alpha=epsilon / vocab)
+        grad_w.index_add_(0, target, x_share, alpha=epsilon - 1)
+        saved = [grad_x, grad_w.to(weight.dtype)]
+        if grad_b is not None:
+            grad_b.sub_(share.sum() * epsilon / vocab)
+            grad_b.index_add_(0, target, share, alpha=epsilon - 1)
+            saved.append(grad_b.to(bias.dtype))
+        ctx.save_for_backward(*saved)
+    return (1.0 - epsilon) * nll + epsilon * smooth, nll
+
+
+def product_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
+    """The dtype in which `projected_label_smoothed_loss` takes its blocked path for features
+    ``x`` and output matrix ``weight``, or None where it builds the logits whole: on the CPU,
+    for plain tensors (not FSDP's DTensor) of one dtype, float32 or float64 products, or
+    bfloat16 ones (bf16 weights, or float32 ones under bf16 autocast, bf16-mixed training).
+    GPUs build them whole (measured on CPUs only)."""
+    if not (
         x.device.type == "cpu"
         and x.dtype == weight.dtype
-        and x.dtype in (torch.float32, torch.float64)
         and type(x) is torch.Tensor
         and type(weight) in (torch.Tensor, nn.Parameter)
-        and not torch.is_autocast_enabled("cpu")
         and x.numel() > 0
-    )
+    ):
+        return None
+    autocast = torch.is_autocast_enabled("cpu") and x.dtype in (torch.float32, torch.bfloat16)
+    dtype = torch.get_autocast_dtype("cpu") if autocast else x.dtype
+    return dtype if dtype in (torch.float32, torch.float64, torch.bfloat16) else None
 
 
 def projected_label_smoothed_loss(
@@ -197,17 +232,19 @@ def projected_label_smoothed_loss(
     layer fused into the loss: ``features (B, T, D)`` (the decoder's, before ``output``),
     ``target (B, T)``.
 
-    Where `fuses_projection` allows, the logits are built ``rows`` rows at a time (256 x 8 000
+    Where `product_dtype` allows, the logits are built ``rows`` rows at a time (256 x 8 000
     float32 logits: 8 MiB, which stay in the cache) and reduced at once to the loss; in a pass
     that takes gradients, the gradients of the features, the output matrix and its bias are
     computed in the same loop from the block's softmax, so the batch's logits and their
-    gradient, two float32 arrays of N x V, never exist. The loop's products are the same three
-    as autograd's (logits, features' and matrix's gradients). Backward only scales the saved
-    gradients (the saved pass cannot be differentiated twice). Elsewhere: the logits whole,
-    then `label_smoothed_loss`.
+    gradient, two arrays of N x V, never exist. The loop's products are the same three as
+    autograd's (logits, features' and matrix's gradients), in the dtype autocast would give
+    them (bf16 under bf16-mixed); the softmax, the loss and the sums of the gradients are in
+    float32 (float64 for float64). Backward only scales the saved gradients (the saved pass
+    cannot be differentiated twice). Elsewhere: the logits whole, then `label_smoothed_loss`.
     """
     x = output.proj(features) if output.proj is not None else features
-    if not fuses_projection(x, output.weight):
+    dtype = product_dtype(x, output.weight)
+    if dtype is None:
         return label_smoothed_loss(output(features), target, epsilon, pad_id)
     grads = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, output.weight, output.bias)
@@ -221,4 +258,5 @@ def projected_label_smoothed_loss(
         pad_id,
         rows,
         grads,
+        dtype,
     )
