@@ -2,7 +2,9 @@
 backward, its optimizer's step) at one of `train_speed.py`'s shapes, with malloc keeping freed
 memory as in train.py (`aiayn.allocator`). Prints the wall-clock time of each phase (the best
 of each over `--steps` unprofiled updates) and their sum, then `torch.profiler`'s operators by
-total CPU time over as many more.
+total CPU time over as many more. Since 9a37359 the output layer's gradient products run in
+the forward pass (`projected_label_smoothed_loss`), so "forward and loss" holds them and
+"backward" does not.
 
     python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25] [--dropout 0.1]
 """

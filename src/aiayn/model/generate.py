@@ -15,8 +15,9 @@ strategy a sentence that is finished leaves the batch and the cache at once (its
 rows in beam search), so the later steps cost only what is still decoding. Sampling draws
 each token from the model's distribution divided by ``temperature`` and cut to the ``top_k``
 most likely tokens and to the smallest set whose probability reaches ``top_p``, with a
-generator seeded by ``seed`` (the same seed gives the same samples); its score is that of
-the model's own log-probabilities of the drawn tokens.
+generator seeded by ``seed`` (the same seed and batch give the same samples; since finished
+sentences leave the batch, a sentence's draws depend on when the others in its batch end);
+its score is that of the model's own log-probabilities of the drawn tokens.
 """
 
 from __future__ import annotations

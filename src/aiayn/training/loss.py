@@ -137,7 +137,7 @@ def _blocks(
 ) -> tuple[Tensor, Tensor]:
     """`_ProjectedLabelSmoothedCE.forward`: ``x (N, D)``, ``weight (V, D)``, ``bias (V,)``."""
     (n, _), vocab = x.shape, weight.size(0)
-    soft = torch.promote_types(dtype, torch.float32)  # the softmax's dtype
+    soft = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
     keep = target.ne(pad_id)
     share = keep.to(soft) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
     x_p, w_p = x.to(dtype), weight.to(dtype)
@@ -147,9 +147,8 @@ def _blocks(
         grad_x = torch.empty_like(x)
         grad_w = torch.zeros(weight.shape, dtype=soft, device=x.device)
         grad_b = torch.zeros_like(bias, dtype=soft) if bias is not None else None
-        x_share = (x * share.unsqueeze(-1).to(x.dtype)).to(dtype)  # (N, D): weighted rows
     products = x.new_empty(min(rows, n), vocab, dtype=dtype)
-    softmax = products if soft == dtype else torch.empty_like(products, dtype=soft)
+    block = products if soft == dtype else torch.empty_like(products, dtype=soft)
     for start in range(0, n, rows):
         rows_here = slice(start, start + rows)
         xb, tb = x_p[rows_here], target[rows_here].unsqueeze(-1)
@@ -158,44 +157,40 @@ def _blocks(
             logits = torch.mm(xb, w_p.t(), out=products[:size])
         else:
             logits = torch.addmm(b_p, xb, w_p.t(), out=products[:size])
-        logits = softmax[:size].copy_(logits) if soft != dtype else logits
+        logits = block[:size].copy_(logits) if soft != dtype else logits
         gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
         # in place: one fused pass, where logsumexp would build two temporaries
         log_probs = torch.log_softmax(logits, -1, out=logits)
         gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
         if not grads:
             continue
-        probs = log_probs.exp_()
-        probs_p = products[:size].copy_(probs) if soft != dtype else probs
-        if grad_x.dtype == dtype:
-            torch.mm(probs_p, w_p, out=grad_x[rows_here])
-        else:  # a bfloat16 product into float32 features' gradient
-            grad_x[rows_here] = probs_p @ w_p
-        if soft == dtype:
-            grad_w.addmm_(probs_p.t(), x_share[rows_here])
-        else:  # summed in float32, block by block
-            grad_w.add_(probs_p.t() @ x_share[rows_here])
+        # d loss / d logits = share * (softmax - ε / V - (1 - ε) onehot(target)), formed here
+        # in float32 (or float64), before any rounding to the products' dtype
+        row_share = share[rows_here].unsqueeze(-1)
+        grad = log_probs.exp_().sub_(epsilon / vocab)
+        grad.scatter_add_(-1, tb, grad.new_full((size, 1), epsilon - 1)).mul_(row_share)
         if grad_b is not None:
-            grad_b.addmv_(probs.t(), share[rows_here])
+            grad_b.add_(grad.sum(0))
+        grad_p = products[:size].copy_(grad) if soft != dtype else grad
+        if grad_x.dtype == dtype:
+            torch.mm(grad_p, w_p, out=grad_x[rows_here])
+        else:  # a bfloat16 product into float32 features' gradient
+            grad_x[rows_here] = grad_p @ w_p
+        if soft == dtype:
+            grad_w.addmm_(grad_p.t(), xb)
+        else:  # bfloat16 products, summed in float32 block by block
+            grad_w.add_(grad_p.t() @ xb)
     # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
-    weight_mean = weight.to(soft).mean(0)
-    mean = x.to(soft) @ weight_mean + (bias.to(soft).mean() if bias is not None else 0.0)
+    mean = x.to(soft) @ weight.to(soft).mean(0)
+    if bias is not None:
+        mean += bias.to(soft).mean()
     lse = gold - gold_log_prob  # log-sum-exp of each row's logits
     nll = -(gold_log_prob * share).sum()
     smooth = ((lse - mean) * share).sum()
     ctx.mark_non_differentiable(nll)
     if grads:
-        # d loss / d logits = share * (softmax - (1 - ε) onehot(target) - ε / V); the loop
-        # multiplied by softmax, the two other terms are sums of rows taken here
-        correction = weight[target].to(soft).mul_(1 - epsilon).add_(weight_mean, alpha=epsilon)
-        grad_x.copy_((grad_x.to(soft) - correction).mul_(share.unsqueeze(-1)))
-        x_share = x_share.to(soft)
-        grad_w.sub_(x_share.sum(0), alpha=epsilon / vocab)
-        grad_w.index_add_(0, target, x_share, alpha=epsilon - 1)
         saved = [grad_x, grad_w.to(weight.dtype)]
         if grad_b is not None:
-            grad_b.sub_(share.sum() * epsilon / vocab)
-            grad_b.index_add_(0, target, share, alpha=epsilon - 1)
             saved.append(grad_b.to(bias.dtype))
         ctx.save_for_backward(*saved)
     return (1.0 - epsilon) * nll + epsilon * smooth, nll
@@ -203,21 +198,25 @@ def _blocks(
 
 def product_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
     """The dtype in which `projected_label_smoothed_loss` takes its blocked path for features
-    ``x`` and output matrix ``weight``, or None where it builds the logits whole: on the CPU,
-    for plain tensors (not FSDP's DTensor) of one dtype, float32 or float64 products, or
-    bfloat16 ones (bf16 weights, or float32 ones under bf16 autocast, bf16-mixed training).
-    GPUs build them whole (measured on CPUs only)."""
+    ``x`` and output matrix ``weight``, or None where it builds the logits whole. On the CPU,
+    for plain tensors (weights that FSDP holds sharded, as DTensor, build them whole): under
+    bf16 autocast (bf16-mixed) bfloat16, the features and the matrix each float32 or bfloat16;
+    otherwise the dtype of both, float32, float64 or bfloat16 (bf16 weights). GPUs and float16
+    build them whole (measured on CPUs only)."""
     if not (
         x.device.type == "cpu"
-        and x.dtype == weight.dtype
         and type(x) is torch.Tensor
         and type(weight) in (torch.Tensor, nn.Parameter)
         and x.numel() > 0
     ):
         return None
-    autocast = torch.is_autocast_enabled("cpu") and x.dtype in (torch.float32, torch.bfloat16)
-    dtype = torch.get_autocast_dtype("cpu") if autocast else x.dtype
-    return dtype if dtype in (torch.float32, torch.float64, torch.bfloat16) else None
+    half = (torch.float32, torch.bfloat16)
+    if torch.is_autocast_enabled("cpu") and x.dtype in half and weight.dtype in half:
+        dtype = torch.get_autocast_dtype("cpu")
+        return dtype if dtype == torch.bfloat16 else None
+    if x.dtype != weight.dtype:
+        return None
+    return x.dtype if x.dtype in (torch.float32, torch.float64, torch.bfloat16) else None
 
 
 def projected_label_smoothed_loss(
@@ -238,9 +237,11 @@ def projected_label_smoothed_loss(
     computed in the same loop from the block's softmax, so the batch's logits and their
     gradient, two arrays of N x V, never exist. The loop's products are the same three as
     autograd's (logits, features' and matrix's gradients), in the dtype autocast would give
-    them (bf16 under bf16-mixed); the softmax, the loss and the sums of the gradients are in
-    float32 (float64 for float64). Backward only scales the saved gradients (the saved pass
-    cannot be differentiated twice). Elsewhere: the logits whole, then `label_smoothed_loss`.
+    them (bf16 under bf16-mixed); the softmax, the loss, each block's gradient of the logits
+    (rounded to the products' dtype only as a whole, as autocast rounds it) and the sums of the
+    matrix's gradient are in float32 (float64 for float64). Backward only scales the saved
+    gradients (the saved pass cannot be differentiated twice). Elsewhere: the logits whole,
+    then `label_smoothed_loss`.
     """
     x = output.proj(features) if output.proj is not None else features
     dtype = product_dtype(x, output.weight)
