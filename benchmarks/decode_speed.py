@@ -10,6 +10,10 @@ Every engine decodes exactly `--new-tokens` tokens per sentence: EOS is disabled
 hook masks the EOS logit; HF: `eos_token_id=None`; CTranslate2: min = max decoding length),
 and all keep a key/value cache. Prints the machine, then sentences/s (best of `--repeats`
 alternating calls after a warm-up) for each strategy side by side, and the speed-ups over HF.
+A second table has sentences end at different steps, as in a real batch: sentence i decodes
+`L_i` steps (`output_lengths`: uniform in [new-tokens / 3, new-tokens]), its source `L_i`
+tokens then padding; aiayn stops it by its length limit, HF by an EOS forced at that step.
+CTranslate2 has no per-sentence limit and sits out.
 "aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.model.linear`'s
 rule, the output projection on oneDNN on AMD CPUs); "aiayn MKL" with every product on MKL
 (`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU. CTranslate2 runs as
@@ -111,6 +115,8 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
         return ct2_engine(args, compute_type, inter, intra)
     ours, marian, src = models_and_batch(args)
     n = args.new_tokens
+    if name.endswith(VARIED):
+        return varied_engine(name.removesuffix(VARIED), ours, marian, src, args)
     if name == "aiayn MKL":
         products_on_mkl()
     if name.startswith("aiayn"):
@@ -144,6 +150,82 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
 
         return run
     raise ValueError(f"no engine {name!r}")
+
+
+VARIED = ", varied lengths"  # engine-name suffix: each sentence's own output length
+
+
+def output_lengths(args: argparse.Namespace) -> list[int]:
+    """Varied lengths: sentence i decodes ``L_i`` tokens, drawn (seed 1) uniformly from
+    ``[new_tokens / 3, new_tokens]``; its source has ``L_i`` real tokens, then padding."""
+    g = torch.Generator().manual_seed(1)
+    low = max(1, args.new_tokens // 3)
+    return torch.randint(low, args.new_tokens + 1, (args.batch_size,), generator=g).tolist()
+
+
+def varied_engine(
+    name: str,
+    ours: Transformer,
+    marian: MarianMTModel,
+    src: torch.Tensor,
+    args: argparse.Namespace,
+) -> Callable[[int], None]:
+    """`run(beams)` where sentence i decodes `output_lengths(args)[i]` steps, as sentences of
+    a real batch end at different steps: its source is padded after that many tokens; aiayn
+    stops it there (length limit 1 x |src| + 0; EOS masked), HF forces its EOS at that step
+    (a logits processor, by row: HF keeps every row of the batch to the end)."""
+    lengths = output_lengths(args)
+    width = max(lengths)
+    src = torch.cat([src, src], dim=1)[:, :width].clone()
+    for row, length in enumerate(lengths):
+        src[row, length:] = PAD
+    if name == "aiayn":
+        ours.output.register_forward_hook(
+            lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
+        )
+
+        def run(beams: int) -> None:
+            strategy = "greedy" if beams == 1 else "beam"
+            config = DecodeConfig(strategy=strategy, beam_size=beams, max_len_a=1.0, max_len_b=0)
+            hyps = generate(ours, src, config)
+            assert [len(h[0].tokens) for h in hyps] == lengths
+
+        return run
+    if name == "HF":
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        class EndAt(LogitsProcessor):
+            """Row r (sentence r // beams) may only take EOS at its step, and never before."""
+
+            def __init__(self, beams: int) -> None:
+                self.ends = torch.tensor(lengths).repeat_interleave(beams)
+
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                step = input_ids.size(1)  # tokens so far, the decoder start included
+                ending = self.ends == step
+                scores[~ending, EOS] = float("-inf")
+                scores[ending] = float("-inf")
+                scores[ending, EOS] = 0.0
+                return scores
+
+        @torch.inference_mode()
+        def run(beams: int) -> None:
+            out = marian.generate(
+                input_ids=src,
+                attention_mask=src.ne(PAD).long(),
+                num_beams=beams,
+                do_sample=False,
+                max_new_tokens=width,
+                eos_token_id=EOS,
+                use_cache=True,
+                logits_processor=LogitsProcessorList([EndAt(beams)]),
+                **({"length_penalty": 0.6} if beams > 1 else {}),
+            )
+            ended = [row.tolist().index(EOS) for row in out]  # decoder start + L_i - 1 tokens
+            assert ended == lengths
+
+        return run
+    raise ValueError(f"no varied-length engine {name!r}")
 
 
 def models_and_batch(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel, torch.Tensor]:
@@ -322,6 +404,22 @@ def main() -> None:
         name = "greedy" if beams == 1 else f"beam {beams}"
         hf_s = seconds[-1]
         print(f"| {name} | {rates} | {hf_s / seconds[0]:.2f}x | {hf_s / seconds[3]:.2f}x |")
+    stop(conns, workers)
+    lengths = output_lengths(args)
+    print(
+        f"\nvaried lengths: sentence i decodes its own L_i steps, {min(lengths)}-{max(lengths)} "
+        f"(mean {sum(lengths) / len(lengths):.1f}), its source L_i tokens; CTranslate2 has no "
+        "per-sentence length limit, so it sits out"
+    )
+    names = [f"aiayn{VARIED}", f"HF{VARIED}"]
+    conns, workers = start([partial(engine, name, args) for name in names])
+    print("| strategy | aiayn sent/s | HF sent/s | aiayn/HF |")
+    print("|---|---|---|---|")
+    for beams in (1, 4):
+        ours_s, hf_s = best_times(conns, beams, args.repeats)
+        name = "greedy" if beams == 1 else f"beam {beams}"
+        rates = f"{args.batch_size / ours_s:.1f} | {args.batch_size / hf_s:.1f}"
+        print(f"| {name} | {rates} | {hf_s / ours_s:.2f}x |")
     stop(conns, workers)
 
 
