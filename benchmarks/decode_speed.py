@@ -116,7 +116,7 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     ours, marian, src = models_and_batch(args)
     n = args.new_tokens
     if name.endswith(VARIED):
-        return varied_engine(name.removesuffix(VARIED), ours, marian, src, args)
+        return varied_engine(name.removesuffix(VARIED), ours, marian, args)
     if name == "aiayn MKL":
         products_on_mkl()
     if name.startswith("aiayn"):
@@ -164,19 +164,16 @@ def output_lengths(args: argparse.Namespace) -> list[int]:
 
 
 def varied_engine(
-    name: str,
-    ours: Transformer,
-    marian: MarianMTModel,
-    src: torch.Tensor,
-    args: argparse.Namespace,
+    name: str, ours: Transformer, marian: MarianMTModel, args: argparse.Namespace
 ) -> Callable[[int], None]:
     """`run(beams)` where sentence i decodes `output_lengths(args)[i]` steps, as sentences of
-    a real batch end at different steps: its source is padded after that many tokens; aiayn
+    a real batch end at different steps: its source (seed 2) is padded after that many tokens; aiayn
     stops it there (length limit 1 x |src| + 0; EOS masked), HF forces its EOS at that step
     (a logits processor, by row: HF keeps every row of the batch to the end)."""
     lengths = output_lengths(args)
     width = max(lengths)
-    src = torch.cat([src, src], dim=1)[:, :width].clone()
+    g = torch.Generator().manual_seed(2)
+    src = torch.randint(4, args.vocab, (args.batch_size, width), generator=g)
     for row, length in enumerate(lengths):
         src[row, length:] = PAD
     if name == "aiayn":

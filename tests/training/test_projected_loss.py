@@ -37,6 +37,20 @@ def loss_and_grads(loss_fn, features, output, scale=2.5):
     return [loss.detach(), nll, *(g.clone() for g in grads)]
 
 
+def fused_and_whole(features, output, rows=4):
+    """`loss_and_grads` of the blocked loss (blocks of `rows`) and of `label_smoothed_loss`
+    over the whole logits, on `TARGET` with ε = 0.1."""
+    fused = loss_and_grads(
+        lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=rows),
+        features,
+        output,
+    )
+    whole = loss_and_grads(
+        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
+    )
+    return fused, whole
+
+
 @pytest.mark.parametrize("rows", [1, 4, 256])
 @pytest.mark.parametrize(("bias", "d_embed"), [(False, None), (True, None), (False, 5), (True, 5)])
 def test_blocks_give_the_loss_and_gradients_of_the_whole_logits(bias, d_embed, rows):
@@ -46,14 +60,7 @@ def test_blocks_give_the_loss_and_gradients_of_the_whole_logits(bias, d_embed, r
     torch's cross-entropy; an upstream gradient of 2.5 scales them all."""
     output = output_layer(bias, d_embed, torch.float64)
     features = (3 * torch.randn(3, 7, D, dtype=torch.float64)).requires_grad_()
-    fused = loss_and_grads(
-        lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=rows),
-        features,
-        output,
-    )
-    whole = loss_and_grads(
-        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
-    )
+    fused, whole = fused_and_whole(features, output, rows)
     assert len(fused) == len(whole) == 4 + bias + (d_embed is not None)
     for ours, reference in zip(fused, whole, strict=True):
         torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-13)
@@ -67,14 +74,7 @@ def test_float32_blocks_match_the_whole_logits():
     """float32, tied to nothing, blocks of 4: within float32 rounding of the whole logits."""
     output = output_layer(False, None, torch.float32)
     features = (3 * torch.randn(3, 7, D)).requires_grad_()
-    fused = loss_and_grads(
-        lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4),
-        features,
-        output,
-    )
-    whole = loss_and_grads(
-        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
-    )
+    fused, whole = fused_and_whole(features, output)
     for ours, reference in zip(fused, whole, strict=True):
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
 
@@ -161,14 +161,7 @@ def test_bfloat16_blocks_match_the_whole_logits_to_bfloat16_rounding(how, bias):
     else:
         context = torch.autocast("cpu", dtype=torch.bfloat16)
     with context:
-        fused = loss_and_grads(
-            lambda: projected_label_smoothed_loss(features, output, TARGET, 0.1, rows=4),
-            features,
-            output,
-        )
-        whole = loss_and_grads(
-            lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output
-        )
+        fused, whole = fused_and_whole(features, output)
     assert fused[2].dtype == features.dtype and fused[3].dtype == output.weight.dtype
     for ours, theirs, reference in zip(fused, whole, exact, strict=True):
         scale = reference.abs().max().item()

@@ -100,6 +100,7 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     an upstream gradient of 1, in the inputs' dtypes), which backward scales."""
 
     @staticmethod
+    @torch.autocast("cpu", enabled=False)  # the products' dtype is explicit (CPU only)
     def forward(
         ctx: Any,
         x: Tensor,
@@ -112,8 +113,65 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         grads: bool,
         dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
-        with torch.autocast(x.device.type, enabled=False):  # the products' dtype is explicit
-            return _blocks(ctx, x, weight, bias, target, epsilon, pad_id, rows, grads, dtype)
+        """``x (N, D)``, ``weight (V, D)``, ``bias (V,)``, ``target (N,)``."""
+        (n, _), vocab = x.shape, weight.size(0)
+        soft = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
+        keep = target.ne(pad_id)
+        share = keep.to(soft) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
+        x_p, w_p = x.to(dtype), weight.to(dtype)
+        b_p = bias.to(dtype) if bias is not None else None
+        gold, gold_log_prob = x.new_empty(n, dtype=soft), x.new_empty(n, dtype=soft)
+        if grads:
+            grad_x = torch.empty_like(x)
+            grad_w = torch.zeros(weight.shape, dtype=soft, device=x.device)
+            grad_b = torch.zeros_like(bias, dtype=soft) if bias is not None else None
+        products = x.new_empty(min(rows, n), vocab, dtype=dtype)
+        block = products if soft == dtype else torch.empty_like(products, dtype=soft)
+        for start in range(0, n, rows):
+            rows_here = slice(start, start + rows)
+            xb, tb = x_p[rows_here], target[rows_here].unsqueeze(-1)
+            size = xb.size(0)
+            if b_p is None:
+                logits = torch.mm(xb, w_p.t(), out=products[:size])
+            else:
+                logits = torch.addmm(b_p, xb, w_p.t(), out=products[:size])
+            logits = block[:size].copy_(logits) if soft != dtype else logits
+            gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
+            # in place: one fused pass, where logsumexp would build two temporaries
+            log_probs = torch.log_softmax(logits, -1, out=logits)
+            gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
+            if not grads:
+                continue
+            # d loss / d logits = share * (softmax - ε / V - (1 - ε) onehot(target)), formed here
+            # in float32 (or float64), before any rounding to the products' dtype
+            row_share = share[rows_here].unsqueeze(-1)
+            grad = log_probs.exp_().sub_(epsilon / vocab)
+            grad.scatter_add_(-1, tb, grad.new_full((size, 1), epsilon - 1)).mul_(row_share)
+            if grad_b is not None:
+                grad_b.add_(grad.sum(0))
+            grad_p = products[:size].copy_(grad) if soft != dtype else grad
+            if grad_x.dtype == dtype:
+                torch.mm(grad_p, w_p, out=grad_x[rows_here])
+            else:  # a bfloat16 product into float32 features' gradient
+                grad_x[rows_here] = grad_p @ w_p
+            if soft == dtype:
+                grad_w.addmm_(grad_p.t(), xb)
+            else:  # bfloat16 products, summed in float32 block by block
+                grad_w.add_(grad_p.t() @ xb)
+        # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
+        mean = x.to(soft) @ weight.to(soft).mean(0)
+        if bias is not None:
+            mean += bias.to(soft).mean()
+        lse = gold - gold_log_prob  # log-sum-exp of each row's logits
+        nll = -(gold_log_prob * share).sum()
+        smooth = ((lse - mean) * share).sum()
+        ctx.mark_non_differentiable(nll)
+        if grads:
+            saved = [grad_x, grad_w.to(weight.dtype)]
+            if grad_b is not None:
+                saved.append(grad_b.to(bias.dtype))
+            ctx.save_for_backward(*saved)
+        return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
     @staticmethod
     @once_differentiable
@@ -121,79 +179,6 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         grad_x, grad_w, *grad_b = (g * grad_loss for g in ctx.saved_tensors)
         bias = grad_b[0] if grad_b else None
         return grad_x, grad_w, bias, None, None, None, None, None, None
-
-
-def _blocks(
-    ctx: Any,
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    target: Tensor,
-    epsilon: float,
-    pad_id: int,
-    rows: int,
-    grads: bool,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor]:
-    """`_ProjectedLabelSmoothedCE.forward`: ``x (N, D)``, ``weight (V, D)``, ``bias (V,)``."""
-    (n, _), vocab = x.shape, weight.size(0)
-    soft = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
-    keep = target.ne(pad_id)
-    share = keep.to(soft) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
-    x_p, w_p = x.to(dtype), weight.to(dtype)
-    b_p = bias.to(dtype) if bias is not None else None
-    gold, gold_log_prob = x.new_empty(n, dtype=soft), x.new_empty(n, dtype=soft)
-    if grads:
-        grad_x = torch.empty_like(x)
-        grad_w = torch.zeros(weight.shape, dtype=soft, device=x.device)
-        grad_b = torch.zeros_like(bias, dtype=soft) if bias is not None else None
-    products = x.new_empty(min(rows, n), vocab, dtype=dtype)
-    block = products if soft == dtype else torch.empty_like(products, dtype=soft)
-    for start in range(0, n, rows):
-        rows_here = slice(start, start + rows)
-        xb, tb = x_p[rows_here], target[rows_here].unsqueeze(-1)
-        size = xb.size(0)
-        if b_p is None:
-            logits = torch.mm(xb, w_p.t(), out=products[:size])
-        else:
-            logits = torch.addmm(b_p, xb, w_p.t(), out=products[:size])
-        logits = block[:size].copy_(logits) if soft != dtype else logits
-        gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
-        # in place: one fused pass, where logsumexp would build two temporaries
-        log_probs = torch.log_softmax(logits, -1, out=logits)
-        gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
-        if not grads:
-            continue
-        # d loss / d logits = share * (softmax - ε / V - (1 - ε) onehot(target)), formed here
-        # in float32 (or float64), before any rounding to the products' dtype
-        row_share = share[rows_here].unsqueeze(-1)
-        grad = log_probs.exp_().sub_(epsilon / vocab)
-        grad.scatter_add_(-1, tb, grad.new_full((size, 1), epsilon - 1)).mul_(row_share)
-        if grad_b is not None:
-            grad_b.add_(grad.sum(0))
-        grad_p = products[:size].copy_(grad) if soft != dtype else grad
-        if grad_x.dtype == dtype:
-            torch.mm(grad_p, w_p, out=grad_x[rows_here])
-        else:  # a bfloat16 product into float32 features' gradient
-            grad_x[rows_here] = grad_p @ w_p
-        if soft == dtype:
-            grad_w.addmm_(grad_p.t(), xb)
-        else:  # bfloat16 products, summed in float32 block by block
-            grad_w.add_(grad_p.t() @ xb)
-    # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
-    mean = x.to(soft) @ weight.to(soft).mean(0)
-    if bias is not None:
-        mean += bias.to(soft).mean()
-    lse = gold - gold_log_prob  # log-sum-exp of each row's logits
-    nll = -(gold_log_prob * share).sum()
-    smooth = ((lse - mean) * share).sum()
-    ctx.mark_non_differentiable(nll)
-    if grads:
-        saved = [grad_x, grad_w.to(weight.dtype)]
-        if grad_b is not None:
-            saved.append(grad_b.to(bias.dtype))
-        ctx.save_for_backward(*saved)
-    return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
 
 def product_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
@@ -210,8 +195,8 @@ def product_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
         and x.numel() > 0
     ):
         return None
-    half = (torch.float32, torch.bfloat16)
-    if torch.is_autocast_enabled("cpu") and x.dtype in half and weight.dtype in half:
+    castable = (torch.float32, torch.bfloat16)
+    if torch.is_autocast_enabled("cpu") and x.dtype in castable and weight.dtype in castable:
         dtype = torch.get_autocast_dtype("cpu")
         return dtype if dtype == torch.bfloat16 else None
     if x.dtype != weight.dtype:
