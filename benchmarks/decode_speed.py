@@ -15,8 +15,9 @@ A second table has sentences end at different steps, as in a real batch: sentenc
 tokens then padding; aiayn stops it by its length limit, HF by an EOS forced at that step.
 CTranslate2 has no per-sentence limit and sits out.
 "aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.model.linear`'s
-rule, the output projection on oneDNN on AMD CPUs); "aiayn MKL" with every product on MKL
-(`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU. CTranslate2 runs as
+rule, the output projection on oneDNN on AMD CPUs; MKL's products on weights it packed once,
+as `translate.py` and `evaluate.py` pack them once for all their batches); "aiayn MKL" with
+every product on MKL (`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU. CTranslate2 runs as
 `translate.py engine=ctranslate2` does (`aiayn.inference.ct2.thread_split`): by default one
 single-threaded replica per thread, the batch split among them; `--ct2-inter-threads 1` gives
 CTranslate2's own default, one replica running `--threads` threads, and `--ct2-inter-threads 1
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -47,11 +49,13 @@ from transformers import MarianConfig, MarianMTModel
 from aiayn.export.ctranslate2 import ctranslate2_module, model_spec, save_spec
 from aiayn.inference.ct2 import sub_batch_size, thread_split
 from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
+from aiayn.model.linear import packed_weights
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import describe
 
 PAD, EOS = 0, 2
+HELD = ExitStack()  # held for the process's life: aiayn's packed weights (`packed_weights`)
 PAUSE = 0.3  # seconds before each timed call
 
 
@@ -120,6 +124,7 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     if name == "aiayn MKL":
         products_on_mkl()
     if name.startswith("aiayn"):
+        HELD.enter_context(packed_weights(ours))  # once, as translate.py does for its batches
         # no sentence may end early (HF runs with eos_token_id=None): aiayn never emits EOS
         ours.output.register_forward_hook(
             lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
@@ -177,6 +182,7 @@ def varied_engine(
     for row, length in enumerate(lengths):
         src[row, length:] = PAD
     if name == "aiayn":
+        HELD.enter_context(packed_weights(ours))
         ours.output.register_forward_hook(
             lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
         )

@@ -10,6 +10,8 @@ replaced, and the one-update A/B of aiayn's dropout against torch's:
   vs `model.attention.sdpa` (which attends in float32 while training on the CPU);
 - a decode step's output projection, 32 or 128 rows x 256 -> 8000, MKL vs oneDNN
   (`model.linear.DECODE_ONEDNN`);
+- a decode step's products at decode_speed.py's model (d 256, ff 1024, vocabulary 8000), 32
+  or 128 rows: MKL on the weight vs on MKL's packed copy of it (`model.linear.packed_weights`);
 - the output layer and the loss, forward and backward, 1536 rows x d_model -> 8000 at the
   three shapes' widths, in float32 and (where bf16 is native) under bf16 autocast: the whole
   logits then `label_smoothed_loss` vs `projected_label_smoothed_loss` (blocks of rows,
@@ -37,9 +39,10 @@ import torch.nn.functional as F
 from aiayn.allocator import keep_freed_memory
 from aiayn.machine import bf16_native
 from aiayn.model import dropout as dropout_module
+from aiayn.model import linear as linear_module
 from aiayn.model.attention import sdpa
 from aiayn.model.embedding import OutputProjection
-from aiayn.model.linear import onednn_product
+from aiayn.model.linear import onednn_product, pack, packed_product
 from aiayn.training import loss as loss_module
 from aiayn.training.loss import _logsumexp_rows, label_smoothed_loss, projected_label_smoothed_loss
 
@@ -126,6 +129,22 @@ def main() -> None:
             best_ms(lambda h=h: onednn_product(h, weight), args.repeats),
             best_ms(lambda h=h: F.linear(h, weight), args.repeats),
         )
+    linear_module.PACKING = torch.backends.mkl.is_available()  # whatever this CPU's default
+    for n, k in ((768, 256), (256, 1024), (8000, 256)) if linear_module.PACKING else ():
+        w, b = torch.randn(n, k), torch.randn(n)
+        packed = pack(w)
+        for rows in (32, 128):
+            h = torch.randn(rows, k)
+            row(
+                f"decode-step product {rows} x {k} -> {n}",
+                "MKL",
+                "MKL packed",
+                best_ms(lambda h=h, w=w, b=b: F.linear(h, w, b), args.repeats),
+                best_ms(
+                    lambda h=h, w=w, b=b, p=packed: packed_product(h, p.tensor, w, b),
+                    args.repeats,
+                ),
+            )
     target = torch.randint(4, 8000, (64, 24))
     for precision in ["fp32", "bf16-mixed"] if bf16_native() else ["fp32"]:
         for d_model in sorted({shape[0] for shape in SHAPES.values()}):

@@ -69,7 +69,7 @@ def test_profile_step_prints_each_phase_and_their_sum(tmp_path):
 def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
     out = run(tmp_path, "kernels.py", "--repeats", "1", "--updates", "1")
     kernels = ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection")
-    kernels += ("output layer + loss",)
+    kernels += ("decode-step product", "output layer + loss")
     for first in kernels:
         assert rows(out, first), first
         for row in rows(out, first):

@@ -303,3 +303,33 @@ def test_translating_onto_a_full_device_is_one_storage_error(ckpt, tmp_path):
     with pytest.raises(StorageError, match="no space left writing /dev/full"):
         run(compose_config("translate", overrides, tmp_path))
     assert src.read_text(encoding="utf-8") == "one two\nthree\n"
+
+
+@pytest.mark.parametrize("path", ["translate_all", "translate.py"])
+def test_a_corpus_packs_the_weights_once_for_all_its_batches(
+    path, ckpt, translator, lines, tmp_path, monkeypatch
+):
+    """evaluate.py (`translate_all`) and translate.py hold the MKL-packed weights over all
+    their batches (`Translator.prepared`), instead of packing them again for each batch; the
+    translations are those of `translate_batch`."""
+    from aiayn.model import linear
+
+    if not linear.PACKING:
+        pytest.skip("packing is off on this CPU (aiayn.model.linear.use_packing)")
+    packs: list[int] = []
+    pack = linear.pack
+    monkeypatch.setattr(linear, "pack", lambda weight: packs.append(1) or pack(weight))
+    batches = -(-sum(bool(line.strip()) for line in lines) // 2)
+    assert batches >= 3
+    if path == "translate_all":
+        got = translator.translate_all(lines, batch_size=2)
+    else:
+        src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+        src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", *CPU]
+        assert run(compose_config("translate", overrides, tmp_path)) == len(lines)
+        got = _read(out)
+    layers = sum(isinstance(m, linear.PackableMixin) for m in translator.model.modules())
+    assert len(packs) == layers  # once, not once per batch
+    monkeypatch.setattr(linear, "PACKING", False)
+    assert got == reference_translations(translator, lines)

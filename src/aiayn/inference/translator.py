@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from aiayn.data.dataset import collate_sources
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, TranslationError
 from aiayn.model import DecodeConfig, Hypothesis, Model, generate
+from aiayn.model.linear import packed_weights
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,11 @@ class Translator:
         """A Translator on the same model with `decode` keys on top of this one's settings."""
         settings = decode_config(self.decode, decode or {})
         return Translator(self.model, self.tokenizers, settings, on_long or self.on_long)
+
+    def prepared(self) -> AbstractContextManager[None]:
+        """Held over a run of batches: what `generate` would otherwise redo for each batch
+        (the model's MKL-packed weights, `aiayn.model.linear.packed_weights`) is done once."""
+        return packed_weights(self.model)
 
     def generate(
         self,
@@ -160,14 +167,15 @@ class Translator:
         forced = self._prefix_ids(len(lines), None)
         order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
         out = [""] * len(lines)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            rows = [ids[i] for i in chunk]
-            hyps = self._decode([lines[i] for i in chunk], rows, [forced[i] for i in chunk])
-            for i, nbest in zip(chunk, hyps, strict=True):
-                out[i] = _best(nbest)
-            if advance is not None:
-                advance(len(chunk))
+        with self.prepared():
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                rows = [ids[i] for i in chunk]
+                hyps = self._decode([lines[i] for i in chunk], rows, [forced[i] for i in chunk])
+                for i, nbest in zip(chunk, hyps, strict=True):
+                    out[i] = _best(nbest)
+                if advance is not None:
+                    advance(len(chunk))
         return out
 
     def _fit(self, row: list[int], where: str) -> list[int]:

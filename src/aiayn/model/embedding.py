@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 import aiayn.model.linear as linear_library
 from aiayn.model.dropout import Dropout
-from aiayn.model.linear import Linear, linear
+from aiayn.model.linear import Linear, PackableMixin, linear
 
 
 class TokenEmbedding(nn.Module):
@@ -129,7 +129,7 @@ class Embedding(nn.Module):
         return self.dropout(x)
 
 
-class OutputProjection(nn.Module):
+class OutputProjection(PackableMixin, nn.Module):
     """``(B, T, d_model)`` -> logits ``(B, T, V)``: ``[proj d_model -> e] then @ weight.T``.
 
     ``weight (V, e)`` is this module's own (``share_embeddings='none'``) or the target token
@@ -157,4 +157,5 @@ class OutputProjection(nn.Module):
         # decoding (no gradients) on an AMD CPU: oneDNN (aiayn.model.linear.DECODE_ONEDNN). A
         # decoder step's few rows times the whole vocabulary is slow on AMD's MKL path
         decoding = not torch.is_grad_enabled() and linear_library.DECODE_ONEDNN
-        return linear(x, self.weight, self.bias, onednn=True if decoding else None)
+        onednn = True if decoding else None
+        return linear(x, self.weight, self.bias, onednn=onednn, packed=self.packed)

@@ -1,0 +1,166 @@
+"""`aiayn.model.linear.packed_weights`: inference products on MKL-packed weights equal
+`F.linear` for any row count, never serve a pass that takes gradients or a weight that moved,
+and decoding with them gives exactly the translations decoded without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.model import DecodeConfig, generate
+from aiayn.model import linear as module
+from aiayn.model.embedding import OutputProjection
+from aiayn.model.linear import Linear, packed_weights
+from tests.model.model_helpers import random_tokens, tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")),
+    reason="this torch has no MKL",
+)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The (rows, out_features) of the products that ran on packed weights; packing on
+    whatever this CPU is, products on MKL."""
+    seen: list[tuple[int, ...]] = []
+    product = module.packed_product
+
+    def counted(x, packed, weight, bias):
+        seen.append((x.size(0), weight.size(0)))
+        return product(x, packed, weight, bias)
+
+    monkeypatch.setattr(module, "packed_product", counted)
+    monkeypatch.setattr(module, "PACKING", True)
+    monkeypatch.setattr(module, "ENABLED", False)
+    monkeypatch.setattr(module, "DECODE_ONEDNN", False)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("setting", "vendor", "chosen"),
+    [
+        (None, "GenuineIntel", True),
+        ("auto", "GenuineIntel", True),
+        (None, "AuthenticAMD", False),  # not measured there
+        ("", "", False),
+        ("1", "AuthenticAMD", True),
+        ("0", "GenuineIntel", False),
+    ],
+)
+def test_packing_is_on_for_intel_cpus_or_as_forced(
+    setting: str | None, vendor: str, chosen: bool
+) -> None:
+    assert module.use_packing(setting, vendor) is chosen
+
+
+def test_a_misspelt_setting_warns_and_decides_by_the_cpu() -> None:
+    with pytest.warns(UserWarning, match="AIAYN_PACK_WEIGHTS='yes' is not 1"):
+        assert module.use_packing("yes", "GenuineIntel") is True
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, 64, 200])  # packed for 64 rows: any count is served
+@pytest.mark.parametrize(("in_features", "out_features"), [(40, 72), (72, 40)])
+def test_packed_products_equal_f_linear_for_any_row_count(
+    bias: bool, rows: int, in_features: int, out_features: int, calls: list
+) -> None:
+    torch.manual_seed(rows)
+    layer = Linear(in_features, out_features, bias=bias)
+    x = torch.randn(rows, 3, in_features).transpose(0, 1)  # (3, rows, K), not contiguous
+    with torch.no_grad(), packed_weights(layer):
+        out = layer(x)
+    assert calls == [(3 * rows, out_features)]
+    want = F.linear(x.double(), layer.weight.double(), None if not bias else layer.bias.double())
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
+    layer = OutputProjection(8, 50)
+    layer.reset_parameters()
+    x = torch.randn(2, 1, 8)
+    assert layer.packed is None
+    with torch.inference_mode():
+        with packed_weights(layer):
+            assert layer.packed is not None
+            inside = layer(x)
+        assert layer.packed is None
+        outside = layer(x)
+    assert calls == [(2, 50)]
+    torch.testing.assert_close(inside, outside, rtol=1e-6, atol=1e-6)
+
+
+def test_a_pass_that_takes_gradients_uses_the_weights_themselves(calls: list) -> None:
+    layer = Linear(8, 6)
+    x = torch.randn(4, 8)
+    with packed_weights(layer):
+        out = layer(x)
+        out.sum().backward()
+    assert calls == []
+    assert layer.weight.grad is not None
+    torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(6, 8))
+
+
+def test_a_weight_changed_inside_the_block_is_not_read_from_its_old_copy(calls: list) -> None:
+    layer = Linear(8, 6)
+    x = torch.randn(4, 8)
+    with torch.no_grad(), packed_weights(layer):
+        layer(x)
+        layer.weight.add_(1.0)  # moves the weight's version counter
+        changed = layer(x)
+    assert len(calls) == 1
+    torch.testing.assert_close(changed, F.linear(x, layer.weight, layer.bias))
+
+
+def test_an_inner_block_packs_nothing_anew_and_leaves_the_outer_copies(
+    calls: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny_model()
+    packs: list[int] = []
+    pack = module.pack
+    monkeypatch.setattr(module, "pack", lambda weight: packs.append(1) or pack(weight))
+    layers = [m for m in model.modules() if isinstance(m, module.PackableMixin)]
+    with packed_weights(model):
+        assert len(packs) == len(layers) > 0
+        with packed_weights(model):
+            pass
+        assert len(packs) == len(layers)
+        assert all(m.packed is not None for m in layers)
+    assert all(m.packed is None for m in layers)
+
+
+def test_weights_that_are_not_float32_are_not_packed(calls: list) -> None:
+    layer = Linear(8, 6).to(torch.bfloat16)
+    with torch.no_grad(), packed_weights(layer):
+        assert layer.packed is None
+        out = layer(torch.randn(2, 8, dtype=torch.bfloat16))
+    assert calls == [] and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+@pytest.mark.parametrize("overrides", [{}, {"d_embed": 8, "norm_first": True, "output_bias": True}])
+def test_decoding_on_packed_weights_gives_the_same_translations(
+    strategy: str, overrides: dict, calls: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`generate` packs the weights itself: every product of the encoder, each decoder step
+    and the output layer runs on them, and the hypotheses and scores are those of the
+    weights themselves."""
+    model = tiny_model(**overrides)
+    src = random_tokens(4, 9, 23, seed=4)
+    src[1, 6:] = 0  # padding: sentences of different lengths
+    config = DecodeConfig(strategy=strategy, beam_size=3, nbest=2 if strategy == "beam" else 1)
+    packed = generate(model, src, config)
+    products = len(calls)
+    monkeypatch.setattr(module, "PACKING", False)
+    plain = generate(model, src, config)
+    assert len(calls) == products
+    linears = sum(isinstance(m, module.PackableMixin) for m in model.modules())
+    assert products > linears  # the decoder steps' products ran on the packed copies
+    assert {out for _, out in calls} == {
+        m.weight.size(0) for m in model.modules() if isinstance(m, module.PackableMixin)
+    }
+    for mine, want in zip(packed, plain, strict=True):
+        assert [h.tokens for h in mine] == [h.tokens for h in want]
+        for a, b in zip(mine, want, strict=True):
+            assert a.score == pytest.approx(b.score, rel=1e-5, abs=1e-6)
