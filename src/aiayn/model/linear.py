@@ -25,8 +25,8 @@ Decoding reuses every weight at each step, a few rows at a time, so inside
 MKL takes run on weights that MKL packed once into its own blocked layout
 (``cblas_sgemm_pack``/``cblas_sgemm_compute`` through ``torch.ops.mkl``, as CTranslate2 does),
 instead of packing a block of the weight again in every call. On a 2-core Sapphire Rapids Xeon
-that takes a decoding step's products (32 rows: 256 -> 768, 1024 -> 256, 256 -> 8000) from
-60-630 us to 40-400 us (``benchmarks/kernels.py``). It is on where MKL takes the products on an
+a decoding step's products (256 -> 768, 1024 -> 256, 256 -> 8000) run 1.4-1.6x faster at 32
+rows, 1.1-1.2x at 128 (``benchmarks/kernels.py``). It is on where MKL takes the products on an
 Intel CPU (`use_packing`); ``AIAYN_PACK_WEIGHTS=1`` or ``0`` forces it on any CPU with MKL, or
 off. Passes that take gradients never use the packed copies.
 """
