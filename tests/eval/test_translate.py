@@ -310,12 +310,11 @@ def test_a_corpus_packs_the_weights_once_for_all_its_batches(
     path, ckpt, translator, lines, tmp_path, monkeypatch
 ):
     """evaluate.py (`translate_all`) and translate.py hold the MKL-packed weights over all
-    their batches (`Translator.prepared`), instead of packing them again for each batch; the
-    translations are those of `translate_batch`."""
+    their batches (`Translator.decoding`), instead of packing them again for each batch; the
+    translations are those of `translate_batch`, which does not pack."""
     from aiayn.model import linear
 
-    if not linear.PACKING:
-        pytest.skip("packing is off on this CPU (aiayn.model.linear.use_packing)")
+    monkeypatch.setattr(linear, "PACKING", True)  # whatever this CPU's default
     packs: list[int] = []
     pack = linear.pack
     monkeypatch.setattr(linear, "pack", lambda weight: packs.append(1) or pack(weight))
@@ -331,5 +330,5 @@ def test_a_corpus_packs_the_weights_once_for_all_its_batches(
         got = _read(out)
     layers = sum(isinstance(m, linear.PackableMixin) for m in translator.model.modules())
     assert len(packs) == layers  # once, not once per batch
-    monkeypatch.setattr(linear, "PACKING", False)
     assert got == reference_translations(translator, lines)
+    assert len(packs) == layers

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
+import pytest
 import torch
 
 from aiayn.model import ModelConfig, Transformer
@@ -37,3 +41,18 @@ def random_tokens(batch: int, length: int, vocab: int, seed: int = 1) -> torch.T
     """Real (non-special) tokens: ids in [4, vocab)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(4, vocab, (batch, length), generator=generator)
+
+
+@contextmanager
+def packed_if(model: Any, on: bool) -> Iterator[None]:
+    """With ``on``, the block decodes on MKL-packed weights (`aiayn.model.linear.packed_weights`,
+    whatever this CPU's default); skips the test where torch has no MKL."""
+    from aiayn.model import linear
+
+    if not on:
+        yield
+        return
+    if linear.pack(torch.zeros(2, 2)) is None:
+        pytest.skip("this torch has no MKL to pack weights with")
+    with mock.patch.object(linear, "PACKING", True), linear.packed_weights(model):
+        yield

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from model_helpers import PAD, random_tokens, tiny_model
+from model_helpers import PAD, packed_if, random_tokens, tiny_model
 
 from aiayn.model import DecodeConfig, Hypothesis, Transformer, generate
 from aiayn.model.generate import length_penalty
@@ -57,11 +57,13 @@ def padded_batch() -> tuple[torch.Tensor, list[int]]:
     return src, lengths
 
 
-def test_beam_size_one_equals_greedy() -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["weights", "packed weights"])
+def test_beam_size_one_equals_greedy(packed: bool) -> None:
     model = peaky_model()
     src, lengths = padded_batch()
-    greedy = generate(model, src, DecodeConfig(max_len_b=6))
-    beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6))
+    with packed_if(model, packed):
+        greedy = generate(model, src, DecodeConfig(max_len_b=6))
+        beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6))
     assert beam == greedy  # tokens and scores, exactly
     assert [len(h) for h in greedy] == [1, 1, 1]
     # some hypotheses end with EOS and some at the length limit, so both paths are compared
@@ -69,8 +71,9 @@ def test_beam_size_one_equals_greedy() -> None:
     ended = set()
     for eos_id in (5, 9, 13):
         model = peaky_model(eos_id=eos_id)
-        greedy = generate(model, src, DecodeConfig(max_len_b=6))
-        beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6))
+        with packed_if(model, packed):
+            greedy = generate(model, src, DecodeConfig(max_len_b=6))
+            beam = generate(model, src, DecodeConfig("beam", beam_size=1, max_len_b=6))
         assert beam == greedy
         ended |= {len(h[0].tokens) == limit for h, limit in zip(greedy, limits, strict=True)}
     assert ended == {True, False}
@@ -122,12 +125,16 @@ def test_sampling_draws_only_inside_the_top_k_and_top_p_cuts() -> None:
     "config",
     [DecodeConfig(max_len_b=7), DecodeConfig("beam", beam_size=3, nbest=3, max_len_b=7)],
 )
-def test_sentence_decodes_the_same_alone_and_in_a_padded_batch(config: DecodeConfig) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["weights", "packed weights"])
+def test_sentence_decodes_the_same_alone_and_in_a_padded_batch(
+    config: DecodeConfig, packed: bool
+) -> None:
     model = peaky_model(1, eos_id=7)
     src, lengths = padded_batch()
-    batch = generate(model, src, config)
-    for row, n in enumerate(lengths):
-        (alone,) = generate(model, src[row : row + 1, :n], config)
+    with packed_if(model, packed):
+        batch = generate(model, src, config)
+        alones = [generate(model, src[row : row + 1, :n], config) for row, n in enumerate(lengths)]
+    for row, (alone,) in enumerate(alones):
         assert [h.tokens for h in alone] == [h.tokens for h in batch[row]]
         for a, b in zip(alone, batch[row], strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-4)

@@ -1,18 +1,20 @@
 """`aiayn.model.linear.packed_weights`: inference products on MKL-packed weights equal
-`F.linear` for any row count, never serve a pass that takes gradients or a weight that moved,
-and decoding with them gives exactly the translations decoded without them."""
+`F.linear` for any row count and read the packed copy, never serve a pass that takes gradients
+or a weight that changed, and decoding with them gives the translations decoded without
+them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from model_helpers import random_tokens, tiny_config, tiny_model
 
-from aiayn.model import DecodeConfig, generate
+from aiayn.model import DecodeConfig, build_model, generate
 from aiayn.model import linear as module
 from aiayn.model.embedding import OutputProjection
+from aiayn.model.ensemble import Ensemble
 from aiayn.model.linear import Linear, packed_weights
-from tests.model.model_helpers import random_tokens, tiny_model
 
 pytestmark = pytest.mark.skipif(
     not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")),
@@ -68,12 +70,26 @@ def test_packed_products_equal_f_linear_for_any_row_count(
 ) -> None:
     torch.manual_seed(rows)
     layer = Linear(in_features, out_features, bias=bias)
-    x = torch.randn(rows, 3, in_features).transpose(0, 1)  # (3, rows, K), not contiguous
+    x = torch.randn(in_features, rows).t()  # (rows, K), not contiguous
     with torch.no_grad(), packed_weights(layer):
         out = layer(x)
-    assert calls == [(3 * rows, out_features)]
+        batched = layer(x.expand(2, rows, in_features))  # (B, T, K) -> B * T rows
+    assert calls == [(rows, out_features), (2 * rows, out_features)]
     want = F.linear(x.double(), layer.weight.double(), None if not bias else layer.bias.double())
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batched, out.expand(2, rows, out_features))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 130])
+def test_the_product_reads_the_packed_copy_not_the_weight(rows: int) -> None:
+    """Given zeros as the weight and the packed copy of another, the product is that of the
+    packed copy: MKL computed it, with no fallback to the weight (torch's op falls back to
+    ``F.linear`` on the weight when told a row count other than the one packed for)."""
+    weight, x = torch.randn(24, 16), torch.randn(rows, 16)
+    packed = module.pack(weight)
+    assert packed is not None
+    out = module.packed_product(x, packed.tensor, torch.zeros_like(weight), None)
+    torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
 
 
 def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
@@ -91,6 +107,15 @@ def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
     torch.testing.assert_close(inside, outside, rtol=1e-6, atol=1e-6)
 
 
+def test_nothing_is_packed_where_packing_is_off(calls: list, monkeypatch) -> None:
+    monkeypatch.setattr(module, "PACKING", False)
+    layer = Linear(8, 6)
+    with torch.no_grad(), packed_weights(layer):
+        assert layer.packed is None
+        layer(torch.randn(2, 8))
+    assert calls == []
+
+
 def test_a_pass_that_takes_gradients_uses_the_weights_themselves(calls: list) -> None:
     layer = Linear(8, 6)
     x = torch.randn(4, 8)
@@ -102,15 +127,41 @@ def test_a_pass_that_takes_gradients_uses_the_weights_themselves(calls: list) ->
     torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(6, 8))
 
 
-def test_a_weight_changed_inside_the_block_is_not_read_from_its_old_copy(calls: list) -> None:
+@pytest.mark.parametrize("change", ["in place", "new data", "new parameter"])
+def test_a_weight_changed_inside_the_block_is_not_read_from_its_old_copy(
+    change: str, calls: list
+) -> None:
     layer = Linear(8, 6)
     x = torch.randn(4, 8)
     with torch.no_grad(), packed_weights(layer):
         layer(x)
-        layer.weight.add_(1.0)  # moves the weight's version counter
+        if change == "in place":
+            layer.weight.add_(1.0)  # moves the weight's version counter
+        elif change == "new data":
+            layer.weight.data = layer.weight + 1.0  # other memory, the same Parameter
+        else:
+            layer.weight = torch.nn.Parameter(layer.weight + 1.0)  # another tensor
         changed = layer(x)
     assert len(calls) == 1
     torch.testing.assert_close(changed, F.linear(x, layer.weight, layer.bias))
+
+
+def test_packed_products_take_precedence_over_onednn_where_forced(calls: list, monkeypatch):
+    """AIAYN_PACK_WEIGHTS=1 on a CPU whose products go to oneDNN (an AMD CPU with AVX-512):
+    decoding runs on the packed copies; training and torch's oneDNN switch keep oneDNN."""
+    monkeypatch.setattr(module, "ENABLED", True)
+    onednn: list[int] = []
+    product = module.onednn_product
+    monkeypatch.setattr(module, "onednn_product", lambda *a: onednn.append(1) or product(*a))
+    layer = Linear(8, 6)
+    x = torch.randn(4, 8)
+    with packed_weights(layer):
+        with torch.no_grad():
+            layer(x)
+            with torch.backends.mkldnn.flags(enabled=False):
+                layer(x)
+        layer(x.requires_grad_())
+    assert len(calls) == 1 and len(onednn) == 1
 
 
 def test_an_inner_block_packs_nothing_anew_and_leaves_the_outer_copies(
@@ -138,28 +189,37 @@ def test_weights_that_are_not_float32_are_not_packed(calls: list) -> None:
     assert calls == [] and out.dtype == torch.bfloat16
 
 
+def _models() -> dict[str, torch.nn.Module]:
+    rnn = build_model(tiny_config(arch="rnn", d_model=16, num_heads=1)).eval()
+    return {
+        "base": tiny_model(),
+        "factorized, pre-norm, output bias": tiny_model(
+            d_embed=8, norm_first=True, output_bias=True
+        ),
+        "ensemble": Ensemble([tiny_model(), tiny_model(seed=1)]),
+        "rnn": rnn,
+    }
+
+
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
-@pytest.mark.parametrize("overrides", [{}, {"d_embed": 8, "norm_first": True, "output_bias": True}])
+@pytest.mark.parametrize("name", list(_models()))
 def test_decoding_on_packed_weights_gives_the_same_translations(
-    strategy: str, overrides: dict, calls: list, monkeypatch: pytest.MonkeyPatch
+    strategy: str, name: str, calls: list
 ) -> None:
-    """`generate` packs the weights itself: every product of the encoder, each decoder step
-    and the output layer runs on them, and the hypotheses and scores are those of the
+    """Every product of the encoder, each decoder step and the output layer that `linear`
+    computes runs on the packed copies, and the hypotheses and scores are those of the
     weights themselves."""
-    model = tiny_model(**overrides)
+    model = _models()[name]
     src = random_tokens(4, 9, 23, seed=4)
     src[1, 6:] = 0  # padding: sentences of different lengths
     config = DecodeConfig(strategy=strategy, beam_size=3, nbest=2 if strategy == "beam" else 1)
-    packed = generate(model, src, config)
-    products = len(calls)
-    monkeypatch.setattr(module, "PACKING", False)
     plain = generate(model, src, config)
-    assert len(calls) == products
-    linears = sum(isinstance(m, module.PackableMixin) for m in model.modules())
-    assert products > linears  # the decoder steps' products ran on the packed copies
-    assert {out for _, out in calls} == {
-        m.weight.size(0) for m in model.modules() if isinstance(m, module.PackableMixin)
-    }
+    assert calls == []  # generate alone does not pack
+    with packed_weights(model):
+        packed = generate(model, src, config)
+    layers = [m for m in model.modules() if isinstance(m, module.PackableMixin)]
+    assert len(calls) > len(layers) > 0  # the decoder steps' products ran on the copies
+    assert {out for _, out in calls} == {m.weight.size(0) for m in layers}
     for mine, want in zip(packed, plain, strict=True):
         assert [h.tokens for h in mine] == [h.tokens for h in want]
         for a, b in zip(mine, want, strict=True):

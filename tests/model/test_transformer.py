@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import PAD, random_tokens, tiny_model
+from model_helpers import PAD, packed_if, random_tokens, tiny_model
 from torch import nn
 
 from aiayn.model import Transformer
@@ -171,9 +171,12 @@ def test_padding_invariance(stack: dict, head_dim: int | None) -> None:
 
 @pytest.mark.parametrize(("stack", "head_dim"), with_head_dims(6))  # width 24 > d_model 16
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("packed", [False, True], ids=["weights", "packed weights"])
 def test_cached_decoding_equals_full_pass(
-    stack: dict, positional: str, head_dim: int | None
+    stack: dict, positional: str, head_dim: int | None, packed: bool
 ) -> None:
+    """The decoding steps on the cache (on MKL-packed weights too, as evaluate.py decodes)
+    give the logits of the full pass (on the weights themselves)."""
     model = tiny_model(**stack, positional=positional, head_dim=head_dim)
     src = random_tokens(3, 6, 23, seed=7)
     src[2, 3:] = PAD
@@ -181,6 +184,7 @@ def test_cached_decoding_equals_full_pass(
     src_mask = src != PAD
     with torch.no_grad():
         full = model(src, tgt)
+    with torch.no_grad(), packed_if(model, packed):
         memory = model.encode(src, src_mask)
         cache = model.init_cache(memory, src_mask)
         assert cache.length == 0

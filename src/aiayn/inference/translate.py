@@ -207,7 +207,7 @@ def run(cfg: DictConfig | dict) -> int:
         _open(config.output, "w") as out,
         _open(prefix_file, "r") if prefix_file else nullcontext() as prefixes,
         progress(config.progress and not src.isatty()) as bars,
-        translator.prepared(),
+        translator.decoding(),
     ):
         batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
         count = translate_stream(

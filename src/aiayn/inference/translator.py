@@ -79,9 +79,9 @@ class Translator:
         settings = decode_config(self.decode, decode or {})
         return Translator(self.model, self.tokenizers, settings, on_long or self.on_long)
 
-    def prepared(self) -> AbstractContextManager[None]:
-        """Held over a run of batches: what `generate` would otherwise redo for each batch
-        (the model's MKL-packed weights, `aiayn.model.linear.packed_weights`) is done once."""
+    def decoding(self) -> AbstractContextManager[None]:
+        """Held over a run of batches: the model's weights packed once for all of them
+        (`aiayn.model.linear.packed_weights`; nothing for a CTranslate2 engine)."""
         return packed_weights(self.model)
 
     def generate(
@@ -167,7 +167,7 @@ class Translator:
         forced = self._prefix_ids(len(lines), None)
         order = sorted(range(len(lines)), key=lambda i: len(ids[i]))
         out = [""] * len(lines)
-        with self.prepared():
+        with self.decoding():
             for start in range(0, len(order), batch_size):
                 chunk = order[start : start + batch_size]
                 rows = [ids[i] for i in chunk]

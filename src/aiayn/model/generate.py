@@ -30,7 +30,6 @@ import torch
 from torch import Tensor
 
 from aiayn.model.build import Cache, Model
-from aiayn.model.linear import packed_weights
 from aiayn.model.masks import padding_mask
 
 if TYPE_CHECKING:
@@ -148,17 +147,6 @@ def generate(
     each output, for every strategy: the prefix's tokens are in the hypothesis and its score,
     and the length limit grows to hold them.
     """
-    with packed_weights(model):  # MKL-packed weights for every step (aiayn.model.linear)
-        return _generate(model, src, config, src_mask, prefix)
-
-
-def _generate(
-    model: Model | Ensemble,
-    src: Tensor,
-    config: DecodeConfig,
-    src_mask: Tensor | None,
-    prefix: Sequence[Sequence[int]] | None,
-) -> list[list[Hypothesis]]:
     if src_mask is None:
         src_mask = padding_mask(src, model.config.pad_id)
     memory = model.encode(src, src_mask)

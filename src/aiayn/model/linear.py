@@ -21,14 +21,17 @@ FSDP's DTensor, and empty inputs; torch's ``torch.backends.mkldnn.flags(enabled=
 sends everything to ``F.linear`` too.
 
 Decoding reuses every weight at each step, a few rows at a time, so inside
-``packed_weights(model)`` (which `generate` and `Translator` enter) the float32 products that
-MKL takes run on weights that MKL packed once into its own blocked layout
-(``cblas_sgemm_pack``/``cblas_sgemm_compute`` through ``torch.ops.mkl``, as CTranslate2 does),
-instead of packing a block of the weight again in every call. On a 2-core Sapphire Rapids Xeon
-a decoding step's products (256 -> 768, 1024 -> 256, 256 -> 8000) run 1.4-1.6x faster at 32
-rows, 1.1-1.2x at 128 (``benchmarks/kernels.py``). It is on where MKL takes the products on an
-Intel CPU (`use_packing`); ``AIAYN_PACK_WEIGHTS=1`` or ``0`` forces it on any CPU with MKL, or
-off. Passes that take gradients never use the packed copies.
+``packed_weights(model)`` the float32 products run on weights that MKL packed once into its own
+blocked layout (``cblas_sgemm_pack``/``cblas_sgemm_compute`` through ``torch.ops.mkl``, as
+CTranslate2 does), instead of re-blocking a piece of each weight in every product.
+`Translator.decoding` holds it over evaluate.py's and translate.py's batches; a lone
+`generate` call does not pack, since packing every weight costs about what it saves in one
+batch. On a 2-core Sapphire Rapids Xeon a decoding step's products (256 -> 768, 1024 -> 256,
+256 -> 8000) run 1.4-1.6x faster at 32 rows, 1.1-1.2x at 128 (``benchmarks/kernels.py``). It
+is on for Intel CPUs (`use_packing`); ``AIAYN_PACK_WEIGHTS=1`` or ``0`` forces it on for any
+CPU (where its packed products then take precedence over oneDNN's) or off. Passes that take
+gradients, ``torch.compile``, ``torch.backends.mkldnn.flags(enabled=False)`` and whatever
+``F.linear`` takes above never use the packed copies.
 """
 
 from __future__ import annotations
@@ -69,21 +72,26 @@ MKL_FORCED = SETTING == "0"  # then a layer's own preference (`linear(onednn=Tru
 
 def use_packing(setting: str | None, vendor: str) -> bool:
     """Whether `packed_weights` packs: ``setting`` (AIAYN_PACK_WEIGHTS) "1" yes, "0" no; unset
-    or "auto": on Intel CPUs (where it was measured), with torch built with MKL."""
+    or "auto": on Intel CPUs (where it was measured); never without torch's MKL and oneDNN
+    (the packed copy is a oneDNN tensor)."""
     if setting not in (None, "", "auto", "0", "1"):
         warnings.warn(
             f"AIAYN_PACK_WEIGHTS={setting!r} is not 1 (pack), 0 (do not) or auto: using auto",
             stacklevel=2,
         )
         setting = None
-    mkl = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    mkl = (
+        torch.backends.mkl.is_available()
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+    )
     if setting in ("0", "1"):
         return mkl and setting == "1"
     return mkl and vendor == "GenuineIntel"
 
 
 PACKING = use_packing(os.environ.get("AIAYN_PACK_WEIGHTS"), VENDOR)
-PACK_ROWS = 64  # the row count MKL is told to pack for; the packed weight serves any count
+PACK_ROWS = 64  # a sizing hint MKL packs for; the packed weight serves any row count
 
 
 def decode_on_onednn(vendor: str) -> bool:
@@ -133,10 +141,25 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 class Packed(NamedTuple):
-    """A weight as MKL packed it (`pack`), and the weight's version counter at the time."""
+    """A weight as MKL packed it (`pack`), and what identifies the weight it was packed from:
+    the tensor, its memory and its version counter (which in-place changes move)."""
 
     tensor: Tensor
+    weight_id: int
+    data_ptr: int
     version: int
+
+    def of(self, weight: Tensor) -> bool:
+        """Whether this is still a copy of ``weight``: not of another tensor, not from before
+        an in-place change. Writes through ``weight.data`` and fused optimizers' updates move
+        no version counter, so the weights must not change while copies are held."""
+        return (self.weight_id, self.data_ptr, self.version) == _identity(weight)
+
+
+def _identity(weight: Tensor) -> tuple[int, int, int]:
+    # an inference tensor has no version counter (only inference-mode code may change it)
+    version = -1 if weight.is_inference() else weight._version
+    return id(weight), weight.data_ptr(), version
 
 
 def _float32_cpu(x: Tensor, weight: Tensor) -> bool:
@@ -162,18 +185,14 @@ def _onednn(x: Tensor, weight: Tensor, prefer: bool | None) -> bool:
 
 def pack(weight: Tensor) -> Packed | None:
     """``weight (N, K)`` packed by MKL for products ``x (M, K) @ weight.T`` with any M; None
-    where `linear` would not use it (packing off, not a float32 CPU weight)."""
-    if not (PACKING and weight.dim() == 2 and _float32_cpu(weight.detach(), weight)):
+    for what `linear` would not run on it (not a 2-D float32 CPU tensor, or no MKL)."""
+    plain = weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+    mkl = torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
+    if not (plain and mkl and type(weight) in (torch.Tensor, nn.Parameter)):
         return None
     with torch.no_grad():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS)
-    return Packed(packed, _version(weight))
-
-
-def _version(weight: Tensor) -> int:
-    """The weight's version counter (moved by in-place changes); -1 for an inference tensor,
-    which has none (and which only code under ``torch.inference_mode`` may change)."""
-    return -1 if weight.is_inference() else weight._version
+    return Packed(packed, *_identity(weight))
 
 
 def packed_product(x: Tensor, packed: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -193,13 +212,12 @@ class PackableMixin:
 
 @contextmanager
 def packed_weights(model: object) -> Iterator[None]:
-    """Inside the block, inference products of ``model``'s `Linear` and output layers use
-    MKL-packed copies of their weights (see the module docstring); they are dropped on exit.
-    Entered again inside itself, it packs nothing anew. The weights must not change inside the
-    block: a copy whose weight's version counter moved is no longer used, but torch's fused
-    optimizers update weights without moving that counter. Anything but an ``nn.Module`` (a
-    stand-in that `generate` decodes) has nothing to pack."""
-    modules = model.modules() if isinstance(model, nn.Module) else ()
+    """Inside the block, inference products of ``model``'s `Linear` and output layers run on
+    MKL-packed copies of their weights (see the module docstring), where `PACKING` is on; the
+    copies take about as much memory as the weights and are dropped on exit. Entered again
+    inside itself, it packs nothing anew. A copy no longer `Packed.of` its weight is not used.
+    Anything but an ``nn.Module`` (a stand-in that `generate` decodes) has nothing to pack."""
+    modules = model.modules() if PACKING and isinstance(model, nn.Module) else ()
     fresh = [m for m in modules if isinstance(m, PackableMixin) and m.packed is None]
     for module in fresh:
         module.packed = pack(module.weight)
@@ -216,6 +234,16 @@ def _grads(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     )
 
 
+def _use_packed(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Packed) -> bool:
+    return (
+        not torch.compiler.is_compiling()  # before anything dynamo would have to trace
+        and torch.backends.mkldnn.enabled
+        and _float32_cpu(x, weight)
+        and not _grads(x, weight, bias)
+        and packed.of(weight)
+    )
+
+
 def linear(
     x: Tensor,
     weight: Tensor,
@@ -223,21 +251,15 @@ def linear(
     onednn: bool | None = None,
     packed: Packed | None = None,
 ) -> Tensor:
-    """``F.linear``: ``x (..., K)``, ``weight (N, K)``, ``bias (N,)`` -> ``(..., N)``, with
-    float32 CPU products on oneDNN where this CPU's default (`ENABLED`) says so, or where
-    ``onednn`` is True unless ``AIAYN_ONEDNN=0`` (False: never); elsewhere, without gradients,
-    on ``packed`` (`pack`'s copy of ``weight``) where given (see the module docstring)."""
-    if not _onednn(x, weight, onednn):
-        if (
-            packed is None
-            or packed.version != _version(weight)
-            or torch.compiler.is_compiling()
-            or _grads(x, weight, bias)
-            or not _float32_cpu(x, weight)
-        ):
-            return F.linear(x, weight, bias)
+    """``F.linear``: ``x (..., K)``, ``weight (N, K)``, ``bias (N,)`` -> ``(..., N)``; without
+    gradients on ``packed`` (`pack`'s copy of ``weight``) where given; else float32 CPU
+    products on oneDNN where this CPU's default (`ENABLED`) says so, or where ``onednn`` is
+    True unless ``AIAYN_ONEDNN=0`` (False: never; see the module docstring)."""
+    if packed is not None and _use_packed(x, weight, bias, packed):
         out = packed_product(x.reshape(-1, x.size(-1)), packed.tensor, weight, bias)
         return out.view(*x.shape[:-1], -1)
+    if not _onednn(x, weight, onednn):
+        return F.linear(x, weight, bias)
     grads = _grads(x, weight, bias)
     x2 = x.reshape(-1, x.size(-1))
     out = _OneDNNLinear.apply(x2, weight, bias) if grads else onednn_product(x2, weight, bias)
