@@ -198,10 +198,12 @@ def test_cached_decoding_equals_full_pass(
 
 
 def test_cache_reorder_selects_batch_rows() -> None:
+    """Reordered rows decode on as those rows would, also once the buffers outgrow the
+    capacity they had when reordered (a reorder copies only the filled positions)."""
     model = tiny_model()
     src = random_tokens(3, 6, 23, seed=9)
     src[1, 4:] = PAD
-    tgt = random_tokens(3, 5, 23, seed=10)
+    tgt = random_tokens(3, 20, 23, seed=10)
     index = torch.tensor([2, 0, 0, 1])
     with torch.no_grad():
         expected = model(src[index], tgt[index])
@@ -209,9 +211,13 @@ def test_cache_reorder_selects_batch_rows() -> None:
         cache = model.init_cache(memory, src != PAD)
         first = model.decode_step(tgt[:, :2], cache)
         cache.reorder(index)
-        rest = model.decode_step(tgt[index, 2:], cache)
+        rest = model.decode_step(tgt[index, 2:5], cache)
+        capacity = cache.layers[0].k.size(2)
+        steps = [model.decode_step(tgt[index, t : t + 1], cache) for t in range(5, 20)]
+        assert cache.layers[0].k.size(2) > capacity  # grown after the reorder
     torch.testing.assert_close(first[index], expected[:, :2], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(rest, expected[:, 2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rest, expected[:, 2:5], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, 1), expected[:, 5:], atol=1e-5, rtol=1e-5)
 
 
 def test_decode_step_rejects_a_wrong_batch_size() -> None:

@@ -3,11 +3,13 @@
 ``Transformer.init_cache(memory, src_mask)`` builds a ``KVCache``: per decoder layer the
 cross-attention keys/values of the memory (computed once) and a growing buffer of the
 self-attention keys/values (appended per step, capacity doubled when full, so a step costs
-O(1) copies). ``reorder(index)`` selects batch rows (beam search; also expands B -> B*k).
+O(1) copies). ``reorder(index)`` selects batch rows (beam search; also expands B -> B*k),
+copying only the positions filled so far.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -39,11 +41,19 @@ class LayerCache:
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)  # whole buffer: keeps the spare capacity
-            self.v = self.v.index_select(0, index)
+            self.k = _select_rows(self.k, index, self.length)
+            self.v = _select_rows(self.v, index, self.length)
         if cross:
             self.cross_k = self.cross_k.index_select(0, index)
             self.cross_v = self.cross_v.index_select(0, index)
+
+
+def _select_rows(buffer: Tensor, index: Tensor, length: int) -> Tensor:
+    """Rows ``index (B',)`` of ``buffer (B, H, capacity, Dh)`` -> ``(B', H, capacity, Dh)``:
+    only the first ``length`` positions are copied; the spare capacity is allocated, unwritten."""
+    out = buffer.new_empty(index.numel(), *buffer.shape[1:])
+    torch.index_select(buffer[:, :, :length], 0, index, out=out[:, :, :length])
+    return out
 
 
 class KVCache:
