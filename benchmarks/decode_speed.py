@@ -110,6 +110,16 @@ def products_on_mkl() -> None:
     linear.ENABLED, linear.MKL_FORCED = False, True
 
 
+def decoded_as_benchmarked(ours: Transformer) -> None:
+    """aiayn as both tables decode it: never emitting EOS (its logit masked), so that each
+    sentence ends at its length limit; on weights packed once for the process's life, as
+    translate.py and evaluate.py pack them once for all their batches."""
+    HELD.enter_context(packed_weights(ours))
+    ours.output.register_forward_hook(
+        lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
+    )
+
+
 def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     """`run(beams)`: one call of engine `name` on the benchmark's batch (built from seed 0, so
     every process holds the same weights and inputs)."""
@@ -124,11 +134,7 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     if name == "aiayn MKL":
         products_on_mkl()
     if name.startswith("aiayn"):
-        HELD.enter_context(packed_weights(ours))  # once, as translate.py does for its batches
-        # no sentence may end early (HF runs with eos_token_id=None): aiayn never emits EOS
-        ours.output.register_forward_hook(
-            lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
-        )
+        decoded_as_benchmarked(ours)  # no sentence may end early: HF runs with eos_token_id=None
 
         def run(beams: int) -> None:
             strategy = "greedy" if beams == 1 else "beam"
@@ -182,10 +188,7 @@ def varied_engine(
     for row, length in enumerate(lengths):
         src[row, length:] = PAD
     if name == "aiayn":
-        HELD.enter_context(packed_weights(ours))
-        ours.output.register_forward_hook(
-            lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([EOS]), -1e9)
-        )
+        decoded_as_benchmarked(ours)
 
         def run(beams: int) -> None:
             strategy = "greedy" if beams == 1 else "beam"

@@ -12,6 +12,9 @@ replaced, and the one-update A/B of aiayn's dropout against torch's:
   (`model.linear.DECODE_ONEDNN`);
 - a decode step's products at decode_speed.py's model (d 256, ff 1024, vocabulary 8000), 32
   or 128 rows: MKL on the weight vs on MKL's packed copy of it (`model.linear.packed_weights`);
+  and one whole `generate` call on that model (where packing is on), greedy and beam 4 on its
+  batch and greedy on one sentence: on the weights vs packing them inside the call vs on weights
+  packed once before;
 - the output layer and the loss, forward and backward, 1536 rows x d_model -> 8000 at the
   three shapes' widths, in float32 and (where bf16 is native) under bf16 autocast: the whole
   logits then `label_smoothed_loss` vs `projected_label_smoothed_loss` (blocks of rows,
@@ -38,14 +41,17 @@ import torch.nn.functional as F
 
 from aiayn.allocator import keep_freed_memory
 from aiayn.machine import bf16_native
+from aiayn.model import DecodeConfig, generate
 from aiayn.model import dropout as dropout_module
+from aiayn.model import linear as linear_module
 from aiayn.model.attention import sdpa
 from aiayn.model.embedding import OutputProjection
-from aiayn.model.linear import onednn_product, pack, packed_product
+from aiayn.model.linear import onednn_product, pack, packed_product, packed_weights
 from aiayn.training import loss as loss_module
 from aiayn.training.loss import _logsumexp_rows, label_smoothed_loss, projected_label_smoothed_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
+import decode_speed
 from machine import describe
 from train_speed import SHAPES, aiayn_step, best_seconds, random_batch
 
@@ -145,6 +151,8 @@ def main() -> None:
                     args.repeats,
                 ),
             )
+    if linear_module.PACKING:  # this CPU's default (AIAYN_PACK_WEIGHTS)
+        decode_calls(args.repeats)
     target = torch.randint(4, 8000, (64, 24))
     for precision in ["fp32", "bf16-mixed"] if bf16_native() else ["fp32"]:
         for d_model in sorted({shape[0] for shape in SHAPES.values()}):
@@ -183,6 +191,33 @@ def main() -> None:
             t_ours, t_theirs = best_seconds([ours, theirs], args.updates, idle)
             rates = f"{batch.num_tgt_tokens / t_theirs:.0f} | {batch.num_tgt_tokens / t_ours:.0f}"
             print(f"| {name} | {rates} | {t_theirs / t_ours:.2f}x |", flush=True)
+
+
+def decode_calls(repeats: int) -> None:
+    """One `generate` call on decode_speed.py's model and batch (d 256, 3 + 3 layers, vocabulary
+    8 000; 32 sentences x 20 tokens -> at most 30), greedy and beam 4, and greedy for its first
+    sentence alone: on the weights themselves
+    against the weights packed inside the call (what a lone call would pay), and against
+    weights packed once before (what `Translator.decoding` holds over a corpus)."""
+    shape = argparse.Namespace(d_model=256, heads=4, layers=3, ffn=1024, vocab=8000)
+    model, _ = decode_speed.build(shape)
+    batch = torch.randint(4, shape.vocab, (32, 20))
+    for strategy, beams, sentences in (("greedy", 1, 32), ("beam", 4, 32), ("greedy", 1, 1)):
+        config = DecodeConfig(strategy=strategy, beam_size=beams, max_len_a=0.0, max_len_b=30)
+        src = batch[:sentences]
+
+        def decode(config: DecodeConfig = config, src: torch.Tensor = src) -> None:
+            generate(model, src, config)
+
+        def packing_in_the_call(config: DecodeConfig = config, src: torch.Tensor = src) -> None:
+            with packed_weights(model):
+                generate(model, src, config)
+
+        plain = best_ms(decode, repeats)
+        name = f"decode_speed's {strategy} call, {sentences} sentences"
+        row(name, "weights", "packed in the call", plain, best_ms(packing_in_the_call, repeats))
+        with packed_weights(model):
+            row(name, "weights", "packed once before", plain, best_ms(decode, repeats))
 
 
 def idle() -> None:

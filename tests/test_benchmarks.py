@@ -66,10 +66,29 @@ def test_profile_step_prints_each_phase_and_their_sum(tmp_path):
     assert "dropout 0.1" in out and "Self CPU time total" in out  # the profiler's table follows
 
 
+@pytest.mark.parametrize("beams", ["1", "4"])
+def test_profile_decode_prints_each_phase_of_its_best_call(tmp_path, beams):
+    out = run(tmp_path, "profile_decode.py", "--beams", beams, "--repeats", "1", "--rows", "3")
+    best = float(re.search(r"best of 1 ([\d.]+) ms", out).group(1))
+    line = next(line for line in out.splitlines() if line.startswith("encoder"))
+    seconds = {name: float(ms) for name, ms in re.findall(r"(\w[\w ]*?) (-?[\d.]+) ms", line)}
+    names = ["encoder", "decoder layers", "output layer", "cache reorders", "the rest"]
+    assert list(seconds) == names
+    assert all(seconds[name] > 0 for name in names[:3])  # each one timed
+    assert seconds["cache reorders"] > 0 if beams == "4" else seconds["cache reorders"] == 0
+    assert seconds["the rest"] >= 0  # the phases do not overlap
+    assert sum(seconds.values()) == pytest.approx(best, abs=0.3)  # each printed to 0.1 ms
+    assert "Self CPU time total" in out  # the profiler's table follows
+
+
 def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
     out = run(tmp_path, "kernels.py", "--repeats", "1", "--updates", "1")
     kernels = ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection")
     kernels += ("decode-step product", "output layer + loss")
+    from aiayn.model.linear import PACKING
+
+    if PACKING:  # then whole decode calls, packed and not (`kernels.decode_calls`)
+        kernels += ("decode_speed's greedy", "decode_speed's beam")
     for first in kernels:
         assert rows(out, first), first
         for row in rows(out, first):

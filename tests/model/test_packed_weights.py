@@ -16,10 +16,7 @@ from aiayn.model.embedding import OutputProjection
 from aiayn.model.ensemble import Ensemble
 from aiayn.model.linear import Linear, packed_weights
 
-pytestmark = pytest.mark.skipif(
-    not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")),
-    reason="this torch has no MKL",
-)
+pytestmark = pytest.mark.skipif(not module.MKL_PACKING, reason="this torch cannot pack")
 
 
 @pytest.fixture
@@ -63,18 +60,20 @@ def test_a_misspelt_setting_warns_and_decides_by_the_cpu() -> None:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [1, 5, 64, 200])  # packed for 64 rows: any count is served
+@pytest.mark.parametrize("rows", [1, 4, 5, 64, 200])  # packed for 64 rows: any count is served
 @pytest.mark.parametrize(("in_features", "out_features"), [(40, 72), (72, 40)])
 def test_packed_products_equal_f_linear_for_any_row_count(
     bias: bool, rows: int, in_features: int, out_features: int, calls: list
 ) -> None:
+    """From `PACKED_MIN_ROWS` (4) rows on, the packed copy; below, the weight itself."""
     torch.manual_seed(rows)
     layer = Linear(in_features, out_features, bias=bias)
     x = torch.randn(in_features, rows).t()  # (rows, K), not contiguous
     with torch.no_grad(), packed_weights(layer):
         out = layer(x)
         batched = layer(x.expand(2, rows, in_features))  # (B, T, K) -> B * T rows
-    assert calls == [(rows, out_features), (2 * rows, out_features)]
+    packed = [(n, out_features) for n in (rows, 2 * rows) if n >= module.PACKED_MIN_ROWS]
+    assert calls == packed
     want = F.linear(x.double(), layer.weight.double(), None if not bias else layer.bias.double())
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(batched, out.expand(2, rows, out_features))
@@ -95,7 +94,7 @@ def test_the_product_reads_the_packed_copy_not_the_weight(rows: int) -> None:
 def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
     layer = OutputProjection(8, 50)
     layer.reset_parameters()
-    x = torch.randn(2, 1, 8)
+    x = torch.randn(4, 1, 8)
     assert layer.packed is None
     with torch.inference_mode():
         with packed_weights(layer):
@@ -103,7 +102,7 @@ def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
             inside = layer(x)
         assert layer.packed is None
         outside = layer(x)
-    assert calls == [(2, 50)]
+    assert calls == [(4, 50)]
     torch.testing.assert_close(inside, outside, rtol=1e-6, atol=1e-6)
 
 

@@ -70,28 +70,33 @@ ENABLED = torch.backends.mkldnn.is_available() and use_onednn(
 MKL_FORCED = SETTING == "0"  # then a layer's own preference (`linear(onednn=True)`) yields too
 
 
+MKL_PACKING = (  # whether this torch can pack weights (the packed copy is a oneDNN tensor)
+    torch.backends.mkl.is_available()
+    and torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkl, "_mkl_linear")
+)
+
+
 def use_packing(setting: str | None, vendor: str) -> bool:
     """Whether `packed_weights` packs: ``setting`` (AIAYN_PACK_WEIGHTS) "1" yes, "0" no; unset
-    or "auto": on Intel CPUs (where it was measured); never without torch's MKL and oneDNN
-    (the packed copy is a oneDNN tensor)."""
+    or "auto": on Intel CPUs (where it was measured); never where torch cannot
+    (`MKL_PACKING`)."""
     if setting not in (None, "", "auto", "0", "1"):
         warnings.warn(
             f"AIAYN_PACK_WEIGHTS={setting!r} is not 1 (pack), 0 (do not) or auto: using auto",
             stacklevel=2,
         )
         setting = None
-    mkl = (
-        torch.backends.mkl.is_available()
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkl, "_mkl_linear")
-    )
     if setting in ("0", "1"):
-        return mkl and setting == "1"
-    return mkl and vendor == "GenuineIntel"
+        return MKL_PACKING and setting == "1"
+    return MKL_PACKING and vendor == "GenuineIntel"
 
 
 PACKING = use_packing(os.environ.get("AIAYN_PACK_WEIGHTS"), VENDOR)
 PACK_ROWS = 64  # a sizing hint MKL packs for; the packed weight serves any row count
+# fewer rows than this take the weights themselves: packing gains nothing there, and a decode
+# of one sentence ran slower on packed weights (``benchmarks/kernels.py``)
+PACKED_MIN_ROWS = 4
 
 
 def decode_on_onednn(vendor: str) -> bool:
@@ -162,12 +167,16 @@ def _identity(weight: Tensor) -> tuple[int, int, int]:
     return id(weight), weight.data_ptr(), version
 
 
+def _plain_float32_cpu(t: Tensor) -> bool:
+    """A float32 CPU tensor or parameter, no subclass (such as FSDP's DTensor)."""
+    plain = type(t) in (torch.Tensor, nn.Parameter)
+    return plain and t.device.type == "cpu" and t.dtype == torch.float32
+
+
 def _float32_cpu(x: Tensor, weight: Tensor) -> bool:
     return (
-        x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and type(x) is torch.Tensor
-        and type(weight) in (torch.Tensor, nn.Parameter)
+        _plain_float32_cpu(x)
+        and _plain_float32_cpu(weight)
         and x.numel() > 0
         and not torch.is_autocast_enabled("cpu")
     )
@@ -186,9 +195,7 @@ def _onednn(x: Tensor, weight: Tensor, prefer: bool | None) -> bool:
 def pack(weight: Tensor) -> Packed | None:
     """``weight (N, K)`` packed by MKL for products ``x (M, K) @ weight.T`` with any M; None
     for what `linear` would not run on it (not a 2-D float32 CPU tensor, or no MKL)."""
-    plain = weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
-    mkl = torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
-    if not (plain and mkl and type(weight) in (torch.Tensor, nn.Parameter)):
+    if not (MKL_PACKING and weight.dim() == 2 and _plain_float32_cpu(weight)):
         return None
     with torch.no_grad():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS)
@@ -214,7 +221,7 @@ class PackableMixin:
 def packed_weights(model: object) -> Iterator[None]:
     """Inside the block, inference products of ``model``'s `Linear` and output layers run on
     MKL-packed copies of their weights (see the module docstring), where `PACKING` is on; the
-    copies take about as much memory as the weights and are dropped on exit. Entered again
+    copies take memory of their own and are dropped on exit. Entered again
     inside itself, it packs nothing anew. A copy no longer `Packed.of` its weight is not used.
     Anything but an ``nn.Module`` (a stand-in that `generate` decodes) has nothing to pack."""
     modules = model.modules() if PACKING and isinstance(model, nn.Module) else ()
@@ -235,11 +242,17 @@ def _grads(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
 
 
 def _use_packed(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Packed) -> bool:
+    """Cheapest and most often decisive first (this runs for every product of a decode step);
+    ``packed.of(weight)`` stands for the weight's own checks, made when it was packed."""
     return (
         not torch.compiler.is_compiling()  # before anything dynamo would have to trace
-        and torch.backends.mkldnn.enabled
-        and _float32_cpu(x, weight)
+        and x.numel() >= PACKED_MIN_ROWS * x.size(-1)
+        and x.dtype == torch.float32
+        and x.is_cpu
+        and type(x) is torch.Tensor
+        and not torch.is_autocast_enabled("cpu")
         and not _grads(x, weight, bias)
+        and torch.backends.mkldnn.enabled
         and packed.of(weight)
     )
 
