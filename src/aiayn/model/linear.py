@@ -25,8 +25,9 @@ Decoding reuses every weight at each step, a few rows at a time, so inside
 blocked layout (``cblas_sgemm_pack``/``cblas_sgemm_compute`` through ``torch.ops.mkl``, as
 CTranslate2 does), instead of re-blocking a piece of each weight in every product.
 `Translator.decoding` holds it over evaluate.py's and translate.py's batches; a lone
-`generate` call does not pack, since packing every weight costs about what it saves in one
-batch. On a 2-core Sapphire Rapids Xeon a decoding step's products (256 -> 768, 1024 -> 256,
+`generate` call does not pack, since packing inside one call gained nothing reliable on 32
+sentences and lost on one; products of fewer than `PACKED_MIN_ROWS` rows take the weights.
+On a 2-core Sapphire Rapids Xeon a decoding step's products (256 -> 768, 1024 -> 256,
 256 -> 8000) run 1.4-1.6x faster at 32 rows, 1.1-1.2x at 128 (``benchmarks/kernels.py``). It
 is on for Intel CPUs (`use_packing`); ``AIAYN_PACK_WEIGHTS=1`` or ``0`` forces it on for any
 CPU (where its packed products then take precedence over oneDNN's) or off. Passes that take
