@@ -51,7 +51,6 @@ from aiayn.training import loss as loss_module
 from aiayn.training.loss import _logsumexp_rows, label_smoothed_loss, projected_label_smoothed_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
-import decode_speed
 from machine import describe
 from train_speed import SHAPES, aiayn_step, best_seconds, random_batch
 
@@ -199,8 +198,12 @@ def decode_calls(repeats: int) -> None:
     sentence alone: on the weights themselves
     against the weights packed inside the call (what a lone call would pay), and against
     weights packed once before (what `Translator.decoding` holds over a corpus)."""
+    # imported here: transformers probes for a package named `kernels` by importing it, which
+    # from the benchmarks folder is this file; a transformers import at its top would be circular
+    from decode_speed import build
+
     shape = argparse.Namespace(d_model=256, heads=4, layers=3, ffn=1024, vocab=8000)
-    model, _ = decode_speed.build(shape)
+    model, _ = build(shape)
     batch = torch.randint(4, shape.vocab, (32, 20))
     for strategy, beams, sentences in (("greedy", 1, 32), ("beam", 4, 32), ("greedy", 1, 1)):
         config = DecodeConfig(strategy=strategy, beam_size=beams, max_len_a=0.0, max_len_b=30)
