@@ -3,15 +3,19 @@ it configures, i.e. what `python train.py` runs), `torch.nn.Transformer` and Hug
 `MarianMTModel` at three shapes, interleaved in one process on the same batch.
 
     python benchmarks/train_speed.py [--batch-size 64 --src-len 24 --tgt-len 24 --vocab 8000
-        --repeats 5 --threads 2 --shapes tiny,small,base]
+        --repeats 5 --threads 2 --shapes tiny,small,base --device auto]
+    python benchmarks/train_speed.py --device cuda --shapes tiny,small,base,big --batch-size 256
 
 Each update: forward, label-smoothed (0.1) cross-entropy over the target tokens, backward,
 one optimizer step (aiayn: its Adam; the peers: `torch.optim.AdamW`, as their trainers use),
 dropout 0.1 on all three. Prints the machine and its measured matrix-multiply peak, then
 target tokens/s (best of `--repeats` rounds, the three models alternating within a round so
 that load hits all alike), the ratios, and aiayn's model-FLOP utilisation: 3 x
-`aiayn.model.summary.forward_flops` per second over the peak. On a GPU all run in bf16
-autocast. The process's malloc keeps freed memory (`aiayn.allocator`), as `train.py` sets it;
+`aiayn.model.summary.forward_flops` per second over the peak. On a GPU (`--device cuda`) all
+run under autocast in the card's training precision (bf16 from compute capability 8.0 on,
+else fp16, as `trainer.precision=auto` picks), and the MFU is against the card's datasheet
+dense peak for that precision (`DATASHEET_TFLOPS`; the measured peak is printed beside it).
+On the CPU the process's malloc keeps freed memory (`aiayn.allocator`), as `train.py` sets it;
 that is process-wide, so the peers run with it too (they gain more from it than aiayn, whose
 loss allocates less); `AIAYN_KEEP_FREED_MEMORY=0` measures all three with glibc's default.
 """
@@ -38,6 +42,7 @@ SHAPES = {  # d_model, layers (each side), heads, d_ff
     "tiny": (128, 4, 4, 256),  # the fairseq-style tiny shape of experiment=multi30k_tiny
     "small": (256, 3, 8, 1024),
     "base": (512, 6, 8, 2048),  # the paper's base
+    "big": (1024, 6, 16, 4096),  # the paper's big
 }
 SMOOTHING, DROPOUT = 0.1, 0.1
 
@@ -204,6 +209,33 @@ def random_batch(args: argparse.Namespace, device: torch.device) -> Batch:
     )
 
 
+# dense tensor-core peaks (TFLOP/s) from the vendors' datasheets: (bf16, fp16), by the start
+# of the name torch.cuda.get_device_name() gives
+DATASHEET_TFLOPS = {
+    "NVIDIA H200": (989.0, 989.0),
+    "NVIDIA H100 80GB HBM3": (989.0, 989.0),  # SXM
+    "NVIDIA H100 PCIe": (756.0, 756.0),
+    "NVIDIA H100 NVL": (835.0, 835.0),
+    "NVIDIA A100": (312.0, 312.0),
+    "NVIDIA A10": (125.0, 125.0),
+    "NVIDIA L4": (121.0, 121.0),
+    "NVIDIA L40S": (362.0, 362.0),
+    "NVIDIA GeForce RTX 4090": (165.0, 165.0),
+    "NVIDIA GeForce RTX 3090": (71.0, 71.0),
+    "Tesla V100": (None, 125.0),
+    "Tesla T4": (None, 65.0),
+}
+
+
+def datasheet_peak(name: str, dtype: torch.dtype) -> float | None:
+    """FLOP/s of the card named `name` in `dtype` by its datasheet, or None if not listed."""
+    for prefix, (bf16, fp16) in DATASHEET_TFLOPS.items():
+        if name.startswith(prefix):
+            peak = bf16 if dtype == torch.bfloat16 else fp16
+            return None if peak is None else peak * 1e12
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in [
@@ -216,30 +248,44 @@ def main() -> None:
     ]:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--shapes", default="tiny,small,base")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
         "--compile", action="store_true", help="aiayn with torch.compile (`compile=true`)"
     )
     args = parser.parse_args()
-    kept = keep_freed_memory()  # as train.py does; process-wide, so the peers get it too
     torch.set_num_threads(args.threads)
-    cuda = torch.cuda.is_available()
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA GPU here")
     device = torch.device("cuda" if cuda else "cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    peak = matmul_flops(dtype, 8192 if cuda else 2048, 5, device)
+    dtype = torch.float32
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py sets on GPUs
+        native = torch.cuda.get_device_capability() >= (8, 0)
+        dtype = torch.bfloat16 if native else torch.float16
+    # as train.py does on the CPU (process-wide, so the peers get it too); not on GPU runs
+    kept = not cuda and keep_freed_memory()
+    measured = matmul_flops(dtype, 8192 if cuda else 2048, 5, device)
+    sheet = datasheet_peak(torch.cuda.get_device_name(), dtype) if cuda else None
+    peak = sheet or measured
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     batch = random_batch(args, device)
 
     where = torch.cuda.get_device_name() if cuda else f"{cpu_model()} ({' '.join(cpu_flags())})"
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if cuda:
+        listed = f"{sheet / 1e12:.0f} TFLOP/s" if sheet else "not listed: MFU against measured"
+        print(f"datasheet {str(dtype).removeprefix('torch.')} dense peak: {listed}")
     print(
         f"malloc keeps freed memory (aiayn.allocator, as in train.py, for all three models): "
         f"{'yes' if kept else 'no'}"
     )
-    print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {measured / 1e9:.1f} GFLOP/s")
     print(
         f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens, vocab "
         f"{args.vocab}, label smoothing {SMOOTHING}, dropout {DROPOUT}, "
-        f"{'bf16 autocast' if cuda else 'fp32'}{', aiayn compiled' if args.compile else ''}"
+        f"{str(dtype).removeprefix('torch.') + ' autocast' if cuda else 'fp32'}"
+        f"{', aiayn compiled' if args.compile else ''}"
     )
     print(
         "| shape | aiayn tgt tok/s | HF Marian | torch.nn.Transformer "
@@ -250,7 +296,7 @@ def main() -> None:
         shape = SHAPES[name]
         torch.manual_seed(0)
         steps = [build(shape, args.vocab, batch) for build in (aiayn_step, marian_step, torch_step)]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=dtype, enabled=cuda):
             ours, marian, plain = best_seconds(steps, args.repeats, sync)
         tokens = args.batch_size * args.tgt_len
         d, layers, heads, ff = shape

@@ -76,14 +76,34 @@ def test_a_bad_setting_is_named_and_the_default_kept():
         assert why_not({"AIAYN_KEEP_FREED_MEMORY": "yes"}) is None
 
 
-def test_train_py_turns_it_on_before_anything_else(monkeypatch):
+def test_train_py_turns_it_on_after_validation_before_any_work(monkeypatch, tmp_path):
+    """With the CPU kernels (kernels=auto on a CPU run) malloc is tuned once the config is
+    valid and before the trainer, the data or the model exist; a refused command, and a run
+    on torch's kernels (GPU runs), leave it alone."""
     from omegaconf import OmegaConf
 
+    from aiayn import kernels
     from aiayn.errors import ConfigError
     from aiayn.training import run
+    from tests.helpers import compose_train, fast_overrides
 
     calls = []
-    monkeypatch.setattr(run, "keep_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(run, "keep_freed_memory", lambda: calls.append("malloc"))
+
+    def stop(*args, **kwargs):
+        calls.append("trainer")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "build_trainer", stop)
     with pytest.raises(ConfigError):
         run.run(OmegaConf.create({"not_a_key": 1}))
-    assert calls == [True]
+    assert calls == []
+    try:
+        for policy, expected in (("auto", ["malloc", "trainer"]), ("torch", ["trainer"])):
+            calls.clear()
+            cfg = compose_train([*fast_overrides(tmp_path), f"kernels={policy}"], tmp_path)
+            with pytest.raises(KeyboardInterrupt):
+                run.run(cfg)
+            assert calls == expected
+    finally:
+        kernels.use("cpu")

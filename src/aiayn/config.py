@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.special import BOS, EOS, PAD
 from aiayn.errors import ConfigError
+from aiayn.kernels import POLICIES
 from aiayn.launchers import external_launch
 from aiayn.model.config import ModelConfig
 from aiayn.model.generate import DecodeConfig
@@ -75,6 +76,8 @@ class TrainConfig:
     train: bool = True
     test: bool = True
     compile: bool = False
+    # aiayn.kernels: auto (cpu kernels on a CPU run, stock torch on GPUs), torch or cpu
+    kernels: str = "auto"
     val_bleu: bool = True
     # decode keys for validation only, on top of `decode` (e.g. {strategy: greedy}: cheap BLEU
     # while training, beam for the test split and in the checkpoint's settings)
@@ -129,6 +132,8 @@ class TrainConfig:
         except ValueError as error:
             raise ConfigError(str(error).replace("DecodeConfig.", "val_decode.")) from None
         check_trainer_kwargs(self.trainer)
+        if self.kernels not in POLICIES:
+            raise ConfigError(f"kernels must be one of {POLICIES}, got {self.kernels!r}")
         if self.ckpt_path is not None and not Path(self.ckpt_path).is_file():
             raise ConfigError(f"ckpt_path={self.ckpt_path!r} is not a file; give a .ckpt to resume")
         if self.init_from is not None and self.ckpt_path is not None:
@@ -191,6 +196,8 @@ class TranslateConfig:
     batch_size: int = 32  # lines per batch (1 when reading a terminal)
     on_long: str = "truncate"
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda:1', ...
+    # weights for engine=torch: auto (bfloat16 on bf16 GPUs, float16 on older, float32 on CPU)
+    dtype: str = "auto"
     engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
@@ -220,6 +227,7 @@ class EvalConfig:
     batch_size: int = 64
     on_long: str = "truncate"
     device: str = "auto"
+    dtype: str = "auto"  # as translate's: auto, float32, bfloat16, float16
     engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load

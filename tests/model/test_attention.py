@@ -92,10 +92,14 @@ def test_attention_maps(norm_first: bool) -> None:
     }.items():
         for probs in maps[name]:
             assert probs.shape == (2, 4, tq, tk)
-            visible = (src_real if name != "decoder_self" else tgt_real)[:, None, None, :]
             if name == "decoder_self":
-                visible = visible & causal_mask(5)
-            visible = visible.expand_as(probs)
+                # targets are padded on the right: a real position sees real ones under the
+                # causal mask alone; padded positions (no loss reads them) may see padding
+                visible = causal_mask(5)[None, None].expand_as(probs)
+                real_query = tgt_real[:, None, :, None].expand_as(probs)
+                assert probs[real_query & ~tgt_real[:, None, None, :]].abs().max() == 0
+            else:
+                visible = src_real[:, None, None, :].expand_as(probs)
             assert probs[~visible].abs().max() == 0
             torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, tq))
     # layer order: the first encoder map is the first layer's, recomputed by hand

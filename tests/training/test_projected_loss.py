@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.dataset import collate
+from aiayn.machine import bf16_native
 from aiayn.model import ModelConfig, build_model
 from aiayn.model.embedding import OutputProjection
 from aiayn.training import loss as loss_module
@@ -226,6 +227,8 @@ def test_the_modules_update_has_the_gradients_of_the_whole_logits(model, precisi
     batch: tied output matrix or not, factorized output, the LSTM; in float32 and under
     bf16-mixed's autocast (where the LSTM's and the factorized projection's features are
     bf16 and the output matrix float32), to that precision's rounding."""
+    if model == "rnn" and precision == "bf16-mixed" and not bf16_native("cpu"):
+        pytest.skip("oneDNN has no bf16 LSTM on a CPU without native bf16 (train.py refuses it)")
     config = ModelConfig(
         src_vocab_size=V,
         tgt_vocab_size=V,

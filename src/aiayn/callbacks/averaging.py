@@ -1,7 +1,8 @@
 """`AverageCheckpoints`: the mean of the last N weight snapshots, written at the end of
 training (the paper averages the last 5 (base) or 20 (big) checkpoints).
 
-Snapshots are kept in CPU memory (N x the model's size) and are not saved in checkpoints:
+Snapshots are kept in CPU memory (N x the model's size) by the process of rank 0 alone (it
+writes the file; under DDP every rank holds the same weights) and are not saved in checkpoints:
 after a resume only the new ones count.
 """
 
@@ -46,7 +47,7 @@ class AverageCheckpoints(L.Callback):
 
     def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
-        if self.snapshots and self.snapshots[-1][0] == step:
+        if not trainer.is_global_zero or (self.snapshots and self.snapshots[-1][0] == step):
             return
         state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
         self.snapshots.append((step, state))
@@ -64,15 +65,17 @@ class AverageCheckpoints(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._snapshot(trainer, pl_module)
+        path = self.path(trainer)
+        if not trainer.is_global_zero:  # saving is collective: the others take part, rank 0 writes
+            trainer.save_checkpoint(path, weights_only=True)
+            return
         current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         pl_module.load_state_dict(average_state_dicts([s for _, s in self.snapshots]))
-        path = self.path(trainer)
         trainer.save_checkpoint(path, weights_only=True)
         pl_module.load_state_dict(current)
-        if trainer.is_global_zero:  # mark it, so that `--last N` never counts it
-            checkpoint = read_checkpoint(path)
-            checkpoint["averaged_from"] = [f"step {step}" for step, _ in self.snapshots]
-            save_atomically(checkpoint, path)
+        checkpoint = read_checkpoint(path)  # marked, so that `--last N` never counts it
+        checkpoint["averaged_from"] = [f"step {step}" for step, _ in self.snapshots]
+        save_atomically(checkpoint, path)
 
     def path(self, trainer: L.Trainer) -> Path:
         """`dirpath/filename`; dirpath defaults to the ModelCheckpoint's, else

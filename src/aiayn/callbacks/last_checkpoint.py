@@ -78,9 +78,10 @@ class LastCheckpoint(ModelCheckpoint):
         if step == 0 or step == self._last_global_step_saved:
             return
         due = self.every > 0 and step % self.every == 0
-        if self.every_minutes > 0:
+        # the clock is read where Lightning logs (it reads the device there anyway): saving is
+        # collective under DDP, so every rank follows rank 0's clock, which costs a broadcast
+        if self.every_minutes > 0 and step % max(1, trainer.log_every_n_steps) == 0:
             late = time.monotonic() - self._saved_at >= 60 * self.every_minutes
-            # saving is collective under DDP: every rank follows rank 0's clock
             due = due or bool(trainer.strategy.broadcast(late))
         if due:
             self._save(trainer)

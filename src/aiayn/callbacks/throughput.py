@@ -28,6 +28,12 @@ def precision_dtype(precision: object) -> torch.dtype:
     return torch.float32
 
 
+def log_host(pl_module: L.LightningModule, name: str, value: float, **kwargs: Any) -> None:
+    """Log a number known on the host, for this rank only, as a CPU tensor: Lightning would
+    copy a float to the module's device (a copy that waits for a GPU) to read it back later."""
+    pl_module.log(name, torch.tensor(float(value)), batch_size=1, **kwargs)
+
+
 class Throughput(L.Callback):
     """Logs `train/tokens_per_sec` every step and keeps this process's totals (`tokens`,
     `seconds`) for the run's mean rate. Added to every run by `aiayn.training.run`."""
@@ -63,15 +69,17 @@ class Throughput(L.Callback):
         self._last = now
         tokens = batch.num_src_tokens + batch.num_tgt_tokens
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
-        rate = torch.tensor(tokens / elapsed)
+        # summed over ranks, so on the module's device (NCCL has no CPU tensors), made there by
+        # a fill: a copy of host data would wait for the device
+        rate = torch.full((), tokens / elapsed, device=pl_module.device)
         pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
         if self.peak_flops:
             flops = 3 * forward_flops(
                 pl_module.model_config, *batch.src.shape, batch.tgt_in.size(1)
             )
-            pl_module.log("train/mfu", flops / elapsed / self.peak_flops, batch_size=1)
+            log_host(pl_module, "train/mfu", flops / elapsed / self.peak_flops)
         minutes = (now - (self._start or now)) / 60.0
-        pl_module.log("train/elapsed_min", minutes, batch_size=1, reduce_fx="max")
+        log_host(pl_module, "train/elapsed_min", minutes, reduce_fx="max")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last = None  # validation time is not training throughput

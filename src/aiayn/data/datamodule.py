@@ -130,10 +130,16 @@ class TranslationDataModule(L.LightningDataModule):
             collate_fn=collate,
             num_workers=workers,
             persistent_workers=workers > 0 and split == "train",
+            pin_memory=self._to_cuda(),
             # its own generator: creating an iterator must not draw from the global RNG, or a
             # resumed run's dropout masks would differ from an uninterrupted run's
             generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _to_cuda(self) -> bool:
+        """Whether batches go to a CUDA device (then they are pinned, for asynchronous copies)."""
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> DataLoader:
         return self.dataloader("train")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import CheckpointError, DataError, writing
+from aiayn.errors import CheckpointError, ConfigError, DataError, writing
 from aiayn.inference.translator import Translator
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 
@@ -74,9 +74,13 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def load_checkpoint(
-    ckpt_path: str | Path, device: str = "auto", tokenizer: str | None = None
+    ckpt_path: str | Path,
+    device: str = "auto",
+    tokenizer: str | None = None,
+    dtype: str = "float32",
 ) -> Translator:
-    """A `Translator` for the checkpoint: its model in eval mode on `device`, its
+    """A `Translator` for the checkpoint: its model in eval mode on `device` with its weights
+    in `dtype` (`resolve_dtype`; decoding sums its scores in float32 whatever it is), its
     tokenizer, and its decode settings.
 
     `tokenizer` (a tokenizer.json or a directory written by `Tokenizers.save`) stands in for a
@@ -97,7 +101,9 @@ def load_checkpoint(
     tokenizers = _tokenizers(path, checkpoint.get("tokenizers"), tokenizer)
     _check_vocab(tokenizers, config, tokenizer or str(path))
     decode = DecodeConfig(**hparams.get("decode", {}))
-    return Translator(model.to(resolve_device(device)).eval(), tokenizers, decode)
+    where = resolve_device(device)
+    model = model.to(where, resolve_dtype(dtype, where)).eval()
+    return Translator(model, tokenizers, decode)
 
 
 def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -114,6 +120,22 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The weights' dtype for decoding: 'auto' -> bfloat16 on a CUDA GPU with native bf16,
+    float16 on an older one, float32 on the CPU; or one of `DTYPES` by name."""
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        native = torch.cuda.get_device_capability(device) >= (8, 0)
+        return torch.bfloat16 if native else torch.float16
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
 
 
 def _tokenizers(path: Path, state: dict[str, str] | None, given: str | None) -> Tokenizers:

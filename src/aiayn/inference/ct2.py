@@ -188,14 +188,17 @@ def _device(device: str) -> str:
 
 
 def load_ensemble(
-    paths: list[str], device: str = "auto", tokenizer: str | None = None
+    paths: list[str],
+    device: str = "auto",
+    tokenizer: str | None = None,
+    dtype: str = "float32",
 ) -> Translator:
     """One `Translator` over an `Ensemble` of the checkpoints (the first one's decode
     settings); they must share the tokenizer (CheckpointError naming the one that differs)."""
     from aiayn.inference.checkpoint import load_checkpoint
     from aiayn.model.ensemble import Ensemble
 
-    members = [load_checkpoint(path, device, tokenizer) for path in paths]
+    members = [load_checkpoint(path, device, tokenizer, dtype) for path in paths]
     first = members[0]
     for path, member in zip(paths[1:], members[1:], strict=True):
         if member.tokenizers.state() != first.tokenizers.state():
@@ -219,9 +222,11 @@ def load_translator(
     ct2_compute_type: str = "default",
     ct2_inter_threads: int = 0,
     ct2_intra_threads: int = 0,
+    dtype: str = "float32",
 ) -> Translator:
     """The translator `translate.py` and `evaluate.py` use: the checkpoint's Transformer
-    (`engine=torch`), or CTranslate2 on `ct2_path` or on the checkpoint's cached conversion,
+    (`engine=torch`, its weights in `dtype`: `aiayn.inference.checkpoint.resolve_dtype`), or
+    CTranslate2 on `ct2_path` or on the checkpoint's cached conversion,
     with `ct2_inter_threads` replicas of `ct2_intra_threads` threads (0: chosen)."""
     from aiayn.export.ctranslate2 import cached_export
     from aiayn.inference.checkpoint import load_checkpoint
@@ -232,10 +237,14 @@ def load_translator(
         if ct2_path:
             raise ConfigError("ct2_path is a CTranslate2 model: add engine=ctranslate2")
         if isinstance(ckpt_path, (list, tuple)):
-            return load_ensemble(list(ckpt_path), device, tokenizer)
-        return load_checkpoint(ckpt_path, device, tokenizer)  # type: ignore[arg-type]
+            return load_ensemble(list(ckpt_path), device, tokenizer, dtype)
+        return load_checkpoint(ckpt_path, device, tokenizer, dtype)  # type: ignore[arg-type]
     if tokenizer is not None:
         raise ConfigError("tokenizer=... is for engine=torch; an export carries its tokenizer")
+    if dtype not in ("auto", "float32"):
+        raise ConfigError(
+            f"dtype={dtype} is for engine=torch; use ct2_compute_type for CTranslate2"
+        )
     directory = Path(ct2_path) if ct2_path else cached_export(ckpt_path)  # type: ignore[arg-type]
     return CT2Translator(
         directory,

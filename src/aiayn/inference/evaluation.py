@@ -150,6 +150,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         ct2_compute_type=config.ct2_compute_type,
         ct2_inter_threads=config.ct2_inter_threads,
         ct2_intra_threads=config.ct2_intra_threads,
+        dtype=config.dtype,
     )
     translator = translator.with_settings(config.decode, config.on_long)
     data = config.data or _data_of(config.ckpt_path, translator)

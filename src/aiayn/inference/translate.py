@@ -190,6 +190,7 @@ def run(cfg: DictConfig | dict) -> int:
         config.ct2_compute_type,
         config.ct2_inter_threads,
         config.ct2_intra_threads,
+        config.dtype,
     )
     translator = loaded.with_settings(config.decode, config.on_long)
     source = "<stdin>" if config.input == "-" else config.input

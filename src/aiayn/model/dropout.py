@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.kernels import cpu_kernels
+
 HALF = 2**15  # a draw's high half is uniform in [0, HALF); its low half, as int16, in [-HALF, HALF)
 LOW_HALF_FIRST = sys.byteorder == "little"  # the order of an int32's two int16 halves in memory
 
@@ -62,7 +64,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``F.dropout(x, p, training)`` with the CPU mask drawn as described above."""
     if not training or p == 0.0:
         return x
-    cpu = x.device.type == "cpu" and type(x) is Tensor
+    cpu = x.device.type == "cpu" and type(x) is Tensor and cpu_kernels()
     q = round(p * HALF)
     if not cpu or q >= HALF or torch.compiler.is_compiling():  # inductor draws its own
         return F.dropout(x, p, training)

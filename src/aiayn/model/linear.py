@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.kernels import cpu_kernels
 from aiayn.machine import cpu_flags, cpu_vendor
 
 
@@ -171,7 +172,7 @@ def _identity(weight: Tensor) -> tuple[int, int, int]:
 def _plain_float32_cpu(t: Tensor) -> bool:
     """A float32 CPU tensor or parameter, no subclass (such as FSDP's DTensor)."""
     plain = type(t) in (torch.Tensor, nn.Parameter)
-    return plain and t.device.type == "cpu" and t.dtype == torch.float32
+    return plain and t.device.type == "cpu" and t.dtype == torch.float32 and cpu_kernels()
 
 
 def _float32_cpu(x: Tensor, weight: Tensor) -> bool:

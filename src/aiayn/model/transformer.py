@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from aiayn.kernels import cpu_kernels
 from aiayn.model.attention import (
     MultiHeadCrossAttention,
     MultiHeadSelfAttention,
@@ -146,12 +147,22 @@ class Transformer(nn.Module):
 
     def _key_mask(self, tokens: Tensor | None, mask: Tensor | None) -> Tensor | None:
         """Key-padding mask ``(B, L)`` given, or derived from ``pad_id`` when ``tokens`` are
-        given; None if nothing is padded (lets attention take the fastest kernels)."""
+        given. With the CPU kernels, None for CPU tensors where nothing is padded (the fastest
+        kernels take no mask); elsewhere that check would make the host wait for the device."""
         if mask is None:
             if tokens is None:
                 return None
             mask = padding_mask(tokens, self.config.pad_id)
-        return None if bool(mask.all()) else mask
+        if mask.device.type == "cpu" and cpu_kernels() and bool(mask.all()):
+            return None
+        return mask
+
+    def _target_key_mask(self, tgt_in: Tensor, mask: Tensor | None) -> Tensor | None:
+        """The decoder's self-attention key mask: None where it comes from ``pad_id``. Targets
+        are padded on the right, so under the causal mask a real position attends to real
+        positions only; padded positions, which the loss does not read, may attend to padding,
+        and attention keeps its fused causal kernels (no (B, T, T) mask)."""
+        return None if mask is None else self._key_mask(tgt_in, mask)
 
     # -- encoder / decoder ------------------------------------------------------------------
 
@@ -197,7 +208,7 @@ class Transformer(nn.Module):
         padding. ``tgt_mask (B, T)``: target key-padding mask (None = derived from ``pad_id``).
         """
         src_key = self._key_mask(None, src_mask)
-        return self._decode(tgt_in, memory, src_key, self._key_mask(tgt_in, tgt_mask))
+        return self._decode(tgt_in, memory, src_key, self._target_key_mask(tgt_in, tgt_mask))
 
     def forward(
         self,
@@ -209,11 +220,13 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """``src (B, S)``, ``tgt_in (B, T)`` (teacher forcing, starts with BOS) ->
         ``logits (B, T, V)``; masks ``(B, S)``/``(B, T)`` True = real, default from ``pad_id``.
-        ``features_only``: the decoder's output ``(B, T, D)`` instead, before ``self.output``
+        Targets padded with ``pad_id`` must be padded on the right (as `aiayn.data` pads):
+        the outputs at padded positions are then not defined. ``features_only``: the
+        decoder's output ``(B, T, D)`` instead, before ``self.output``
         (as fairseq's; `projected_label_smoothed_loss` applies the output layer itself)."""
         src_key = self._key_mask(src, src_mask)
         memory = self._encode(src, src_key)
-        tgt_key = self._key_mask(tgt_in, tgt_mask)
+        tgt_key = self._target_key_mask(tgt_in, tgt_mask)
         return self._decode(tgt_in, memory, src_key, tgt_key, features_only)
 
     # -- incremental decoding ---------------------------------------------------------------

@@ -19,9 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from aiayn.kernels import cpu_kernels
 from aiayn.model.embedding import OutputProjection
 
 
@@ -87,7 +89,22 @@ def label_smoothed_loss(
     paper): loss = (1 - ε) · NLL + ε · mean over the vocabulary of -log p.
     """
     vocab = logits.size(-1)
-    return _LabelSmoothedCE.apply(logits.reshape(-1, vocab), target.reshape(-1), epsilon, pad_id)
+    logits, target = logits.reshape(-1, vocab), target.reshape(-1)
+    if logits.device.type != "cpu" or not cpu_kernels():
+        return torch_label_smoothed_loss(logits, target, epsilon, pad_id)
+    return _LabelSmoothedCE.apply(logits, target, epsilon, pad_id)
+
+
+def torch_label_smoothed_loss(
+    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = 0
+) -> tuple[Tensor, Tensor]:
+    """`label_smoothed_loss` by torch's own fused ``F.cross_entropy(label_smoothing=)`` (what
+    GPUs and ``kernels=torch`` run): ``logits (N, V)``, ``target (N,)``. The NLL (for the
+    perplexity) is a second cross-entropy without gradients."""
+    loss = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=epsilon)
+    with torch.no_grad():
+        nll = F.cross_entropy(logits, target, ignore_index=pad_id)
+    return loss, nll
 
 
 BLOCK_ROWS = 256  # rows of logits per block in `projected_label_smoothed_loss`
@@ -189,7 +206,8 @@ def product_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
     otherwise the dtype of both, float32, float64 or bfloat16 (bf16 weights). GPUs and float16
     build them whole (measured on CPUs only)."""
     if not (
-        x.device.type == "cpu"
+        cpu_kernels()
+        and x.device.type == "cpu"
         and type(x) is torch.Tensor
         and type(weight) in (torch.Tensor, nn.Parameter)
         and x.numel() > 0

@@ -14,17 +14,21 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.precision.amp import (
+    _optimizer_handles_unscaling as _handles_unscaling,
+)
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
+from aiayn.callbacks.throughput import log_host
 from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import DivergedError
 from aiayn.inference.translator import Translator
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
+from aiayn.training.guard import UpdateGuard
 from aiayn.training.loss import projected_label_smoothed_loss
 from aiayn.training.schedules import OptimConfig, lr_multiplier
 from aiayn.training.sharding import gathered, shard
@@ -62,10 +66,12 @@ class TranslationModule(L.LightningModule):
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
         self.tokenizers: Tokenizers | None = None
-        # non-finite gradients: skipped updates, in a row and in all; last finite (update, loss)
-        self.nonfinite_in_row, self.skipped_updates = 0, 0
-        self.last_finite: tuple[int, Tensor | None] = (0, None)
+        # non-finite gradients: skipped on the device, counted, the run stopped past the limit
+        self.guard = UpdateGuard(
+            self.optim_config.max_nonfinite_updates, self.optim_config.min_loss_scale
+        )
         self._step_loss: Tensor | None = None
+        self._grad_norm: Tensor | None = None
         # target tokens of the current update on this rank (token-normalised gradients)
         self._update_tokens = 0
         self.nll = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
@@ -108,12 +114,11 @@ class TranslationModule(L.LightningModule):
         # averaged over ranks, so the DDP curve is the global batch's, not rank 0's share
         self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
         self.log("train/ppl", torch.exp(nll.detach()), batch_size=size, sync_dist=True)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
+        log_host(self, "train/lr", self.optimizers().param_groups[0]["lr"])
         if not self._normalises_over_update():
             return loss
-        tokens = int(batch.tgt_out.ne(self.model_config.pad_id).sum())
-        self._update_tokens += tokens
-        return loss * tokens
+        self._update_tokens += batch.num_tgt_tokens  # counted on the host by the collate
+        return loss * batch.num_tgt_tokens
 
     def _normalises_over_update(self) -> bool:
         """Whether an update spans several micro-batches (accumulation or DDP ranks)."""
@@ -123,7 +128,7 @@ class TranslationModule(L.LightningModule):
         """Gradients of the summed losses -> gradients of the update's per-token mean. Lightning
         divided each micro-batch's loss by the accumulation count and DDP averaged over ranks;
         both are undone by the factor."""
-        tokens = torch.tensor(float(self._update_tokens), device=self.device)
+        tokens = torch.full((), float(self._update_tokens), device=self.device)  # no copy
         self._update_tokens = 0
         if self.trainer.world_size > 1:
             tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
@@ -133,39 +138,76 @@ class TranslationModule(L.LightningModule):
                 param.grad.mul_(scale.to(param.grad.dtype))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Log the gradient norm; skip an update whose gradients are not finite (its
-        gradients are dropped, so the optimizer leaves every weight as it is), and stop the
-        run after `optim.max_nonfinite_updates` such updates in a row. Under `16-mixed`
-        precision the GradScaler already skips them."""
+        """Gradients as the update uses them: unscaled (a GradScaler leaves a fused optimizer
+        to unscale them inside its step, so they are unscaled here, once), normalised over
+        the update's tokens; log their norm, and skip the update where it is not finite
+        (`aiayn.training.guard`: counted in `train/skipped_updates`, more than
+        `optim.max_nonfinite_updates` in a row stop the run). No step here waits for the
+        device: the skip happens in the optimizer's kernel."""
+        scaler = self._grad_scaler()
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if scaler is not None:
+            diverged = self.guard.diverged(self.device)  # then every update is skipped
+            torch._foreach_mul_(grads, torch.where(diverged, float("nan"), 1.0))
+            if _handles_unscaling(optimizer):
+                scaler.unscale_(optimizer)
         if self._normalises_over_update():
             self._normalise_gradients()
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads)
         if isinstance(norm, DTensor):  # sharded (trainer=fsdp): the norm over every share
             norm = norm.full_tensor()
+        self._grad_norm = norm
         self.log("train/grad_norm", norm)
-        if str(self.trainer.precision).startswith("16") or bool(torch.isfinite(norm)):
-            self.nonfinite_in_row = 0
-            self.last_finite = (self.trainer.global_step, self._step_loss)
-            self.log("train/skipped_updates", float(self.skipped_updates))
+        scale = scaler._get_scale_async() if scaler is not None else None
+        lr = optimizer.param_groups[0]["lr"]
+        skip = self.guard.observe(norm, self.trainer.global_step, self._step_loss, lr, scale)
+        self.log("train/skipped_updates", self.guard.skipped)
+        if scaler is not None:
+            return  # the scaler saw the same non-finite gradients and skips the step
+        if _handles_unscaling(optimizer):
+            optimizer.found_inf = skip.float()  # read by the fused step, removed after it
+        elif bool(skip):  # an optimizer without a device-side skip: the host decides
+            for param in self.parameters():
+                param.grad = None
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """`trainer.gradient_clip_val` on the unscaled gradients, by the norm just logged
+        (Lightning's own clipping refuses fused optimizers under mixed precision)."""
+        if not gradient_clip_val:
             return
-        self.nonfinite_in_row += 1
-        self.skipped_updates += 1
-        self.log("train/skipped_updates", float(self.skipped_updates))
-        for param in self.parameters():
-            param.grad = None
-        limit = self.optim_config.max_nonfinite_updates
-        if self.nonfinite_in_row > limit:
-            step, loss = self.last_finite
-            lr = optimizer.param_groups[0]["lr"]
-            last = f"{float(loss):.4g} at update {step}" if loss is not None else "never finite"
-            raise DivergedError(
-                f"training diverged: {self.nonfinite_in_row} updates in a row up to update "
-                f"{self.trainer.global_step} had non-finite gradients (more than "
-                f"optim.max_nonfinite_updates={limit}); learning rate {lr:.3g}, last finite "
-                f"loss {last}. Lower optim.lr or lengthen optim.warmup_steps; no checkpoint "
-                "with non-finite weights was written"
-            )
+        params = [p for p in self.parameters() if p.grad is not None]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, self._grad_norm)
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        try:
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        finally:  # the skip flag set in on_before_optimizer_step is for this step only
+            getattr(optimizer, "optimizer", optimizer).__dict__.pop("found_inf", None)
+
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        return getattr(self.trainer.precision_plugin, "scaler", None)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self.guard.check()  # where Lightning reads the logged metrics anyway
+
+    def on_validation_epoch_start(self) -> None:
+        if self.trainer.state.fn == "fit":
+            self.guard.check()
+        self._whole_weights.enter_context(gathered(self.model))
+
+    def on_train_end(self) -> None:
+        self.guard.check()
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim_config
@@ -217,10 +259,8 @@ class TranslationModule(L.LightningModule):
         return split == "test" or self.hparams.val_bleu
 
     # decoding calls more than forward: under trainer=fsdp every weight is gathered once for
-    # the whole validation or test, not per batch (a model that is not sharded is left alone)
-    def on_validation_epoch_start(self) -> None:
-        self._whole_weights.enter_context(gathered(self.model))
-
+    # the whole validation or test, not per batch (a model that is not sharded is left alone;
+    # on_validation_epoch_start does the same)
     def on_test_epoch_start(self) -> None:
         self._whole_weights.enter_context(gathered(self.model))
 
@@ -245,7 +285,7 @@ class TranslationModule(L.LightningModule):
     def configure_model(self) -> None:
         """Shard the model where the strategy gives a device mesh (`trainer=fsdp`)."""
         if self.device_mesh is not None:
-            shard(self.model, self.device_mesh)
+            shard(self.model, self.device_mesh, str(self.trainer.precision))
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

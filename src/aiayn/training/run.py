@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from aiayn import kernels
 from aiayn.allocator import keep_freed_memory
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, process_count, to_schema
@@ -36,14 +36,17 @@ from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, DistributedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.launchers import external_launch
-from aiayn.machine import bf16_native, matmul_flops
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
+from aiayn.training import devices
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.loggers import CSVLogger, replay
 from aiayn.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
+
+# environment variables that override the CPU kernels' defaults (recorded in metrics.json)
+KERNEL_ENV = ("AIAYN_ONEDNN", "AIAYN_PACK_WEIGHTS", "AIAYN_KEEP_FREED_MEMORY")
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
@@ -55,33 +58,13 @@ def validate(cfg: DictConfig) -> TrainConfig:
         _check_resume(config)
     if config.init_from:
         _init_weights(config)  # read and checked before any work
-    _check_accelerator(config.trainer)
-    _warn_emulated_bf16(config.trainer)
+    trainer = config.trainer
+    trainer["precision"] = devices.resolve_precision(trainer.get("precision", "auto"), trainer)
+    config.kernels = kernels.resolve(config.kernels, on_gpu=not devices.on_cpu(trainer))
+    with open_dict(cfg):  # the run config (loggers, W&B) records what was resolved
+        cfg.trainer.precision, cfg.kernels = trainer["precision"], config.kernels
+    devices.check(trainer, config.model.arch)
     return config
-
-
-def _on_cpu(trainer: dict[str, Any]) -> bool:
-    accelerator = str(trainer.get("accelerator", "auto"))
-    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-
-
-def _check_accelerator(trainer: dict[str, Any]) -> None:
-    """Refuse settings a CPU cannot mean: float16 precision (Lightning would silently run
-    bfloat16) and more processes than cores."""
-    if not _on_cpu(trainer):
-        return
-    precision = str(trainer.get("precision", "32-true"))
-    if precision.startswith("16"):
-        raise ConfigError(
-            f"trainer.precision={precision} needs a GPU (on CPU Lightning would run bfloat16 "
-            "instead); use trainer.precision=32-true, or bf16-mixed on a CPU with AMX"
-        )
-    devices, cores = trainer.get("devices", 1), os.cpu_count() or 1
-    if isinstance(devices, int) and devices > cores:
-        raise ConfigError(
-            f"trainer.devices={devices} CPU processes but this machine has {cores} cores: "
-            f"each process would wait on the others; use trainer.devices<={cores}"
-        )
 
 
 def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -103,22 +86,6 @@ def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
                 f"model.{key}={value!r}: set model.{key}={model[key]!r} (the weights must fit)"
             )
     return model_weights(saved), saved["tokenizers"]
-
-
-def _warn_emulated_bf16(trainer: dict[str, Any]) -> None:
-    """bf16 precision on a CPU without native bf16 (no AVX-512 BF16 or AMX) runs matrix
-    products emulated: warn with the measured slowdown before any work starts."""
-    precision = str(trainer.get("precision", ""))
-    if "bf16" not in precision or not _on_cpu(trainer) or bf16_native("cpu"):
-        return
-    slowdown = matmul_flops(torch.float32, 192, 3) / matmul_flops(torch.bfloat16, 192, 3)
-    log.warning(
-        "trainer.precision=%s on a CPU without native bfloat16 (no AVX-512 BF16 / AMX): "
-        "matrix products measured %.0fx slower than float32 here, and a training step about "
-        "an order of magnitude slower; use trainer.precision=32-true on this machine",
-        precision,
-        slowdown,
-    )
 
 
 def build_trainer(config: TrainConfig, resumed_step: int | None = None) -> L.Trainer:
@@ -217,8 +184,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Train (and test) as configured; returns the metrics also written to metrics.json."""
     start = time.perf_counter()
     tidy_library_output()
-    keep_freed_memory()  # each step's tensors reuse freed memory (aiayn.allocator)
     config = validate(cfg)
+    kernels.use(config.kernels)
+    if config.kernels == "cpu":
+        keep_freed_memory()  # each step's tensors reuse freed memory (aiayn.allocator)
+    if devices.on_cuda(config.trainer):
+        devices.use_gpu_settings()
     resumed = config.train and config.ckpt_path  # training continues from this checkpoint
     resumed_step = int(read_checkpoint(resumed)["global_step"]) if resumed else None
     trainer = build_trainer(config, resumed_step)
@@ -247,6 +218,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             metrics["test_checkpoint"] = checkpoint
         metrics.update(_checkpoint_info(trainer), parameters=summary, run_dir=str(output_dir))
         metrics["resumed_from"] = config.ckpt_path
+        metrics["precision"] = config.trainer["precision"]
+        metrics["kernels"] = config.kernels
+        metrics["kernel_overrides"] = {k: v for k, v in os.environ.items() if k in KERNEL_ENV}
         metrics["wall_clock_min"] = (time.perf_counter() - start) / 60  # this process
         _write_metrics(output_dir / "metrics.json", metrics)
         _print_result(metrics)

@@ -35,6 +35,10 @@ class OptimConfig:
     # an update whose gradients are not finite is skipped (and counted in
     # train/skipped_updates); more than this many in a row stop the run
     max_nonfinite_updates: int = 5
+    # 16-mixed: a GradScaler skips an overflowing update and halves its scale; such updates
+    # count towards max_nonfinite_updates only once the scale is at or below this (fairseq's
+    # --min-loss-scale): above it the scaler is still searching, the run is not diverging
+    min_loss_scale: float = 1e-4
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -62,6 +66,8 @@ class OptimConfig:
                 "optim.max_nonfinite_updates must be an integer >= 0, got "
                 f"{self.max_nonfinite_updates!r}"
             )
+        if not self.min_loss_scale > 0:
+            raise ValueError(f"optim.min_loss_scale must be positive, got {self.min_loss_scale!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(
                 f"optim.label_smoothing must lie in [0, 1), got {self.label_smoothing!r}"
