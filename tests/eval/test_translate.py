@@ -332,3 +332,26 @@ def test_a_corpus_packs_the_weights_once_for_all_its_batches(
     assert len(packs) == layers  # once, not once per batch
     assert got == reference_translations(translator, lines)
     assert len(packs) == layers
+
+
+def test_dtype_puts_the_weights_in_it_and_auto_picks_by_device(ckpt, lines, tmp_path, monkeypatch):
+    """dtype=bfloat16 decodes with bf16 weights (scores summed in float32) into the same
+    number of aligned lines; auto is float32 on the CPU and bf16 / fp16 by the GPU's compute
+    capability; an unknown name is refused by key."""
+    from aiayn.inference.checkpoint import resolve_dtype
+
+    half = load_checkpoint(ckpt, "cpu", dtype="bfloat16")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    out = tmp_path / "out.txt"
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={out}", "dtype=bfloat16"]
+    assert run(compose_config("translate", [*overrides, "device=cpu"], tmp_path)) == len(lines)
+    got = _read(out)
+    assert got[1] == "" and got[3] == "" and all(got[i] for i in (0, 2, 4, 5))
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    for capability, dtype in (((8, 0), torch.bfloat16), ((7, 0), torch.float16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert resolve_dtype("auto", torch.device("cuda")) == dtype
+    with pytest.raises(ConfigError, match="dtype must be auto or one of"):
+        resolve_dtype("half", torch.device("cpu"))
