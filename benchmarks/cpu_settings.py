@@ -2,7 +2,7 @@
 (`python train.py experiment=multi30k_cpu`, here for `--updates` updates without validation)
 with each combination of torch threads, `data.num_workers` and `AIAYN_KEEP_FREED_MEMORY`
 (1: malloc keeps freed memory for reuse, what train.py does; 0: glibc's default; see
-`aiayn.allocator`), one after another; prints training tokens/s (the run's mean
+`aiayn.kernels.allocator`), one after another; prints training tokens/s (the run's mean
 `train/tokens_per_sec`), its peak RSS and the machine.
 
     python benchmarks/cpu_settings.py [--updates 30] [--threads 1,2] [--workers 0,1]
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from aiayn.machine import describe
+from aiayn.kernels.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from decode_speed import arguments, best_times, ct2_engine, engine, print_setting, start, stop
 
 from aiayn.inference.ct2 import thread_split
-from aiayn.machine import cpu_flags, cpu_vendor
+from aiayn.kernels.machine import cpu_flags, cpu_vendor
 
 AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")  # what CTranslate2 checks
 VARIABLES = ("CT2_FORCE_CPU_ISA", "CT2_PACKED_GEMM", "CT2_USE_MKL")  # unset unless a row sets it

@@ -14,7 +14,7 @@ A second table has sentences end at different steps, as in a real batch: sentenc
 `L_i` steps (`output_lengths`: uniform in [new-tokens / 3, new-tokens]), its source `L_i`
 tokens then padding; aiayn stops it by its length limit, HF by an EOS forced at that step.
 CTranslate2 has no per-sentence limit and sits out.
-"aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.model.linear`'s
+"aiayn" decodes as it ships (float32 products on oneDNN or MKL by `aiayn.kernels.linear`'s
 rule, the output projection on oneDNN on AMD CPUs; MKL's products on weights it packed once,
 as `translate.py` and `evaluate.py` pack them once for all their batches); "aiayn MKL" with
 every product on MKL (`AIAYN_ONEDNN=0`), to show what oneDNN buys on this CPU. CTranslate2 runs as
@@ -48,8 +48,9 @@ from transformers import MarianConfig, MarianMTModel
 
 from aiayn.export.ctranslate2 import ctranslate2_module, model_spec, save_spec
 from aiayn.inference.ct2 import sub_batch_size, thread_split
+from aiayn.kernels import accelerate
+from aiayn.kernels.linear import packed_weights
 from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
-from aiayn.model.linear import packed_weights
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import describe
@@ -61,7 +62,7 @@ PAUSE = 0.3  # seconds before each timed call
 
 def build(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel]:
     torch.manual_seed(0)
-    ours = Transformer(
+    ours = Transformer(  # as aiayn ships it on the CPU: its CPU kernels (aiayn.kernels)
         ModelConfig(
             src_vocab_size=args.vocab,
             tgt_vocab_size=args.vocab,
@@ -74,6 +75,7 @@ def build(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel]:
             max_positions=512,
         )
     ).eval()
+    accelerate(ours, "auto")
     marian = MarianMTModel(
         MarianConfig(
             vocab_size=args.vocab,
@@ -105,7 +107,7 @@ ENGINES = ("aiayn", "aiayn MKL", "CT2 fp32", "CT2 int8", "HF")  # HF last, CT2 i
 
 def products_on_mkl() -> None:
     """This process's float32 products all on MKL, as under ``AIAYN_ONEDNN=0``."""
-    from aiayn.model import linear
+    from aiayn.kernels import linear
 
     linear.ENABLED, linear.MKL_FORCED = False, True
 
@@ -343,6 +345,7 @@ def print_setting(args: argparse.Namespace) -> None:
     """The machine, the library versions, the model and the batch."""
     info = describe()
     print(f"machine: {info['cpu']}, {info['threads']} threads, flags {info['flags']}")
+    print("aiayn kernels: cpu (kernels=auto on the CPU: aiayn.kernels.accelerate)")
     print(f"fp32 GEMM peak {info['fp32_gflops']} GFLOP/s, bf16 {info['bf16_gflops']}")
     print(f"ctranslate2 {ctranslate2_module().__version__}")
     print(

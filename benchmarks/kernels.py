@@ -2,7 +2,7 @@
 replaced, and the one-update A/B of aiayn's dropout against torch's:
 
 - fresh vs reused pages: a copy of a 1536 x 8000 float32 tensor (a batch's logits) into
-  memory glibc maps anew for each call, then into memory it keeps (`aiayn.allocator`);
+  memory glibc maps anew for each call, then into memory it keeps (`aiayn.kernels.allocator`);
 - log-sum-exp of 1536 x 8000 logits whole vs a block of rows at a time (`training.loss`);
 - dropout of a 64 x 24 x 512 activation: `F.dropout` (its mask from `bernoulli_`) vs aiayn's
   (`model.dropout`: two elements from each 31-bit integer);
@@ -39,14 +39,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from aiayn.allocator import keep_freed_memory
-from aiayn.machine import bf16_native
+from aiayn.kernels import accelerate
+from aiayn.kernels import dropout as dropout_module
+from aiayn.kernels import linear as linear_module
+from aiayn.kernels.allocator import keep_freed_memory
+from aiayn.kernels.linear import onednn_product, pack, packed_product, packed_weights
+from aiayn.kernels.machine import bf16_native
 from aiayn.model import DecodeConfig, generate
-from aiayn.model import dropout as dropout_module
-from aiayn.model import linear as linear_module
 from aiayn.model.attention import sdpa
 from aiayn.model.embedding import OutputProjection
-from aiayn.model.linear import onednn_product, pack, packed_product, packed_weights
 from aiayn.training import loss as loss_module
 from aiayn.training.loss import _logsumexp_rows, label_smoothed_loss, projected_label_smoothed_loss
 
@@ -233,7 +234,7 @@ def output_and_loss(
     """Forward and backward of the output layer (tied to nothing, 8000 words) and the
     label-smoothed loss on features ``(64, 24, d_model)``: `loss` over the whole logits, or
     (None) `projected_label_smoothed_loss`."""
-    output = OutputProjection(d_model, 8000)
+    output = accelerate(OutputProjection(d_model, 8000), "cpu")  # as it ships on the CPU
     output.reset_parameters()
     features = torch.randn(64, 24, d_model, requires_grad=True)
 
@@ -262,7 +263,7 @@ def patched(
     step: Callable[[], None], module: object, name: str, value: object
 ) -> Callable[[], None]:
     """`step` with `module.name` set to `value` while it runs (aiayn looks both swapped names
-    up per call: `Dropout.forward` its `dropout`, the loss its `product_dtype`)."""
+    up per call: `CPUDropout.forward` its `dropout`, the loss its `product_dtype`)."""
     ours = getattr(module, name)
 
     def run() -> None:

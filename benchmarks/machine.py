@@ -1,6 +1,6 @@
 """Print the machine a benchmark or a recorded run ran on: CPU model, SIMD flags, threads,
 and the measured fp32 (and bf16, where the CPU has native support) matrix-multiply peak
-(`aiayn.machine`).
+(`aiayn.kernels.machine`).
 
     python benchmarks/machine.py [--size 2048] [--repeats 5]
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.machine import describe
+from aiayn.kernels.machine import describe
 
 
 def main() -> None:

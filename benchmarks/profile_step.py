@@ -1,10 +1,10 @@
-"""Where a training update's time goes: aiayn's real update (the LightningModule's loss,
-backward, its optimizer's step) at one of `train_speed.py`'s shapes, with malloc keeping freed
-memory as in train.py (`aiayn.allocator`). Prints the wall-clock time of each phase (the best
-of each over `--steps` unprofiled updates) and their sum, then `torch.profiler`'s operators by
-total CPU time over as many more. Since 9a37359 the output layer's gradient products run in
-the forward pass (`projected_label_smoothed_loss`), so "forward and loss" holds them and
-"backward" does not.
+"""Where a training update's time goes: aiayn's real update (the LightningModule's loss, backward,
+its optimizer's step) at one of `train_speed.py`'s shapes, with malloc keeping freed memory as
+in train.py (`aiayn.kernels.allocator`). Prints the wall-clock time of each phase (the best of
+each over `--steps` unprofiled updates) and their sum, then `torch.profiler`'s operators by
+total CPU time over as many more. Since 9a37359 the output layer's gradient products run in the
+forward pass (`projected_label_smoothed_loss`), so "forward and loss" holds them and "backward"
+does not.
 
     python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25] [--dropout 0.1]
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from aiayn.allocator import keep_freed_memory
+from aiayn.kernels.allocator import keep_freed_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_speed import DROPOUT, SHAPES, aiayn_step, random_batch
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--dropout", type=float, default=DROPOUT)
     args = parser.parse_args()
-    keep_freed_memory()  # as train.py does (aiayn.allocator)
+    keep_freed_memory()  # as train.py does (aiayn.kernels.allocator)
     batch = random_batch(args, torch.device("cpu"))
     phases: dict[str, list[float]] = {}
     step = aiayn_step(SHAPES[args.shape], args.vocab, batch, phases=phases, dropout=args.dropout)

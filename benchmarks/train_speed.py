@@ -6,19 +6,18 @@ it configures, i.e. what `python train.py` runs), `torch.nn.Transformer` and Hug
         --repeats 5 --threads 2 --shapes tiny,small,base --device auto]
     python benchmarks/train_speed.py --device cuda --shapes tiny,small,base,big --batch-size 256
 
-Each update: forward, label-smoothed (0.1) cross-entropy over the target tokens, backward,
-one optimizer step (aiayn: its Adam; the peers: `torch.optim.AdamW`, as their trainers use),
-dropout 0.1 on all three. Prints the machine and its measured matrix-multiply peak, then
-target tokens/s (best of `--repeats` rounds, the three models alternating within a round so
-that load hits all alike), the ratios, and aiayn's model-FLOP utilisation: 3 x
-`aiayn.model.summary.forward_flops` per second over the peak. On a GPU (`--device cuda`) all
-run under autocast in the card's training precision (bf16 from compute capability 8.0 on,
-else fp16, as `trainer.precision=auto` picks), and the MFU is against the card's datasheet
-dense peak for that precision (`DATASHEET_TFLOPS`; the measured peak is printed beside it).
-On the CPU the process's malloc keeps freed memory (`aiayn.allocator`), as `train.py` sets it;
-that is process-wide, so the peers run with it too (they gain more from it than aiayn, whose
-loss allocates less); `AIAYN_KEEP_FREED_MEMORY=0` measures all three with glibc's default.
-"""
+Each update: forward, label-smoothed (0.1) cross-entropy over the target tokens, backward, one
+optimizer step (aiayn: its Adam; the peers: `torch.optim.AdamW`, as their trainers use), dropout
+0.1 on all three. Prints the machine and its measured matrix-multiply peak, then target tokens/s
+(best of `--repeats` rounds, the three models alternating within a round so that load hits all
+alike), the ratios, and aiayn's model-FLOP utilisation: 3 x `aiayn.model.summary.forward_flops`
+per second over the peak. On a GPU (`--device cuda`) all run under autocast in the card's
+training precision (bf16 from compute capability 8.0 on, else fp16, as `trainer.precision=auto`
+picks), and the MFU is against the card's datasheet dense peak for that precision
+(`DATASHEET_TFLOPS`; the measured peak is printed beside it). On the CPU the process's malloc
+keeps freed memory (`aiayn.kernels.allocator`), as `train.py` sets it; that is process-wide, so
+the peers run with it too (they gain more from it than aiayn, whose loss allocates less);
+`AIAYN_KEEP_FREED_MEMORY=0` measures all three with glibc's default."""
 
 from __future__ import annotations
 
@@ -31,9 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.allocator import keep_freed_memory
 from aiayn.data.dataset import Batch
-from aiayn.machine import bf16_native, cpu_flags, cpu_model, matmul_flops
+from aiayn.kernels import resolve, use
+from aiayn.kernels.allocator import keep_freed_memory
+from aiayn.kernels.machine import bf16_native, cpu_flags, cpu_model, matmul_flops
 from aiayn.model import ModelConfig
 from aiayn.model.summary import forward_flops
 from aiayn.training.module import TranslationModule
@@ -274,11 +274,15 @@ def main() -> None:
 
     where = torch.cuda.get_device_name() if cuda else f"{cpu_model()} ({' '.join(cpu_flags())})"
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    policy = resolve("auto", on_gpu=cuda)
+    use(policy)  # as train.py's kernels=auto: the CPU kernels on the CPU, torch's on GPUs
+    print(f"aiayn kernels: {policy} (kernels=auto)")
     if cuda:
         listed = f"{sheet / 1e12:.0f} TFLOP/s" if sheet else "not listed: MFU against measured"
         print(f"datasheet {str(dtype).removeprefix('torch.')} dense peak: {listed}")
     print(
-        f"malloc keeps freed memory (aiayn.allocator, as in train.py, for all three models): "
+        "malloc keeps freed memory (aiayn.kernels.allocator, as in train.py, for all three "
+        f"models): "
         f"{'yes' if kept else 'no'}"
     )
     print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {measured / 1e9:.1f} GFLOP/s")

@@ -204,7 +204,7 @@ def main() -> None:
         "--reuse-cache", action="store_true", help="measure on the cache a last run prepared"
     )
     args = parser.parse_args()
-    from aiayn.machine import describe
+    from aiayn.kernels.machine import describe
 
     for key, value in describe(2048, 3).items():
         print(f"{key}: {value}")

@@ -1,4 +1,4 @@
-"""malloc keeps freed memory for the next step (`aiayn.allocator`), unless told not to."""
+"""malloc keeps freed memory for the next step (`aiayn.kernels.allocator`), unless told not to."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from aiayn import allocator
-from aiayn.allocator import keep_freed_memory, why_not
+from aiayn.kernels import allocator
+from aiayn.kernels.allocator import keep_freed_memory, why_not
 
 # A step's worth of large temporaries, 24 times: a copy of 1536 x 8000 float32 logits (47 MiB)
 # and its exp, freed at once; prints the page faults of each step. With glibc's default each
@@ -19,7 +19,7 @@ from aiayn.allocator import keep_freed_memory, why_not
 STEPS = """
 import json, resource
 import torch
-from aiayn.allocator import keep_freed_memory
+from aiayn.kernels.allocator import keep_freed_memory
 kept = keep_freed_memory()
 logits = torch.randn(1536, 8000)
 def step():

@@ -85,7 +85,7 @@ def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
     out = run(tmp_path, "kernels.py", "--repeats", "1", "--updates", "1")
     kernels = ("copy", "log-sum-exp", "dropout", "bf16 attention", "output projection")
     kernels += ("decode-step product", "output layer + loss")
-    from aiayn.model.linear import PACKING
+    from aiayn.kernels.linear import PACKING
 
     if PACKING:  # then whole decode calls, packed and not (`kernels.decode_calls`)
         kernels += ("decode_speed's greedy", "decode_speed's beam")
@@ -94,7 +94,7 @@ def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
         for row in rows(out, first):
             a, b = (float(re.search(r"([\d.]+) ms", cell).group(1)) for cell in row[1:3])
             assert number(row[3]) == pytest.approx(a / b, rel=0.02, abs=0.006)  # a, b rounded
-    from aiayn.machine import bf16_native
+    from aiayn.kernels.machine import bf16_native
 
     precisions = 2 if bf16_native() else 1  # fp32, and bf16-mixed where bf16 is native
     assert len(rows(out, "output layer + loss")) == 3 * precisions  # the shapes' widths

@@ -16,7 +16,7 @@ import datetime
 import functools
 import inspect
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.special import BOS, EOS, PAD
 from aiayn.errors import ConfigError
-from aiayn.kernels import POLICIES
+from aiayn.kernels.policy import POLICIES
 from aiayn.launchers import external_launch
 from aiayn.model.config import ModelConfig
 from aiayn.model.generate import DecodeConfig
@@ -48,6 +48,29 @@ SCHEMA_KEYS = {
     "ModelConfig": "model",
     "DecodeConfig": "decode",
 }
+
+
+@dataclass
+class DecodeOverrides:
+    """Decode keys on top of other settings (a checkpoint's, or `decode` for `val_decode`):
+    each is None (kept) unless given, so that `decode.nbest=2` and `+decode.nbest=2` both
+    override (`DecodeConfig` says what each means and validates the result)."""
+
+    strategy: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
+    beam_size: Optional[int] = None  # noqa: UP045
+    length_penalty: Optional[float] = None  # noqa: UP045
+    max_len_a: Optional[float] = None  # noqa: UP045
+    max_len_b: Optional[int] = None  # noqa: UP045
+    nbest: Optional[int] = None  # noqa: UP045
+    top_k: Optional[int] = None  # noqa: UP045
+    top_p: Optional[float] = None  # noqa: UP045
+    temperature: Optional[float] = None  # noqa: UP045
+    seed: Optional[int] = None  # noqa: UP045
+    prefix: Optional[str] = None  # noqa: UP045
+
+    def given(self) -> dict[str, Any]:
+        """The keys that were set."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -81,7 +104,7 @@ class TrainConfig:
     val_bleu: bool = True
     # decode keys for validation only, on top of `decode` (e.g. {strategy: greedy}: cheap BLEU
     # while training, beam for the test split and in the checkpoint's settings)
-    val_decode: dict[str, Any] = field(default_factory=dict)
+    val_decode: DecodeOverrides = field(default_factory=DecodeOverrides)
     num_samples: int = 8  # sample translations shown per validation (console, W&B)
     # which checkpoint the test split scores after training: best (val/bleu), last,
     # averaged (needs callbacks=[...,average]) or ema (needs callbacks=[...,ema])
@@ -128,7 +151,7 @@ class TrainConfig:
                     f"'callbacks=[default,{key}]' or set test_ckpt=best"
                 )
         try:
-            self.decode.updated(self.val_decode)
+            self.decode.updated(self.val_decode.given())
         except ValueError as error:
             raise ConfigError(str(error).replace("DecodeConfig.", "val_decode.")) from None
         check_trainer_kwargs(self.trainer)
@@ -191,7 +214,7 @@ class TranslateConfig:
     ckpt_path: Any = None  # a checkpoint, or a list of them: an ensemble ([a.ckpt,b.ckpt])
     input: str = "-"  # a text file, or '-' for standard input
     output: str = "-"  # a text file, or '-' for standard output
-    decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
+    decode: DecodeOverrides = field(default_factory=DecodeOverrides)  # on the checkpoint's
     tokenizer: Optional[str] = None  # noqa: UP045 (default: the checkpoint's own)
     batch_size: int = 32  # lines per batch (1 when reading a terminal)
     on_long: str = "truncate"
@@ -219,7 +242,7 @@ class EvalConfig:
 
     ckpt_path: Any = None  # a checkpoint, or a list of them: an ensemble ([a.ckpt,b.ckpt])
     data: Optional[DataConfig] = None  # noqa: UP045 (None: the checkpoint's run's data)
-    decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
+    decode: DecodeOverrides = field(default_factory=DecodeOverrides)  # on the checkpoint's
     split: str = "test"
     # translate: decode and score BLEU; score: the NLL of the references (per sentence)
     mode: str = "translate"
@@ -255,7 +278,7 @@ class VisualizeConfig:
     sentence: Optional[str] = None  # noqa: UP045
     target: Optional[str] = None  # noqa: UP045 (None: the model's own translation)
     output_dir: str = "attention"
-    decode: dict[str, Any] = field(default_factory=dict)  # on top of the checkpoint's
+    decode: DecodeOverrides = field(default_factory=DecodeOverrides)  # on the checkpoint's
     device: str = "cpu"
     paths: PathsConfig = field(default_factory=PathsConfig)
     task_name: str = "visualize"

@@ -82,7 +82,7 @@ def test_nbest_writes_n_scored_hypotheses_per_line_best_first(ckpt, lines, tmp_p
     outputs = {}
     for n in (1, 3):
         out = tmp_path / f"out{n}.txt"
-        overrides = [*common, f"output={out}", f"+decode.nbest={n}"]
+        overrides = [*common, f"output={out}", f"decode.nbest={n}"]  # no + needed
         run(compose_config("translate", overrides, tmp_path / str(n)))
         outputs[n] = _read(out)
     entries = [line.split(" ||| ") for line in outputs[3]]
@@ -312,7 +312,7 @@ def test_a_corpus_packs_the_weights_once_for_all_its_batches(
     """evaluate.py (`translate_all`) and translate.py hold the MKL-packed weights over all
     their batches (`Translator.decoding`), instead of packing them again for each batch; the
     translations are those of `translate_batch`, which does not pack."""
-    from aiayn.model import linear
+    from aiayn.kernels import linear
 
     monkeypatch.setattr(linear, "PACKING", True)  # whatever this CPU's default
     packs: list[int] = []

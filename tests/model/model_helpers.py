@@ -45,14 +45,17 @@ def random_tokens(batch: int, length: int, vocab: int, seed: int = 1) -> torch.T
 
 @contextmanager
 def packed_if(model: Any, on: bool) -> Iterator[None]:
-    """With ``on``, the block decodes on MKL-packed weights (`aiayn.model.linear.packed_weights`,
-    whatever this CPU's default); skips the test where torch has no MKL."""
-    from aiayn.model import linear
+    """With ``on``, the block decodes ``model`` on the CPU kernels (`aiayn.kernels.accelerate`)
+    with MKL-packed weights (`aiayn.kernels.linear.packed_weights`, whatever this CPU's
+    default); skips the test where torch has no MKL."""
+    from aiayn.kernels import accelerate, linear
 
     if not on:
         yield
         return
     if not linear.MKL_PACKING:
         pytest.skip("this torch has no MKL to pack weights with")
+    if isinstance(model, torch.nn.Module):
+        accelerate(model, "cpu")
     with mock.patch.object(linear, "PACKING", True), linear.packed_weights(model):
         yield

@@ -1,4 +1,4 @@
-"""`aiayn.model.dropout`: masks drawn two elements from each 31-bit integer keep each element
+"""`aiayn.kernels.dropout`: masks drawn two elements from each 31-bit integer keep each element
 with probability 1 - p (to within 2**-16), independently, whichever half of a draw it comes
 from; they scale what they keep by the inverse of the share kept, back-propagate through the
 same mask, and follow the seed."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.model.dropout import HALF, Dropout, dropout, keep_mask
+from aiayn.kernels.dropout import HALF, CPUDropout, dropout, keep_mask
 
 N = 1 << 21
 
@@ -96,7 +96,8 @@ def test_masks_follow_the_seed_and_bf16_stays_bf16():
 
 def test_evaluation_p0_and_p1_are_torchs():
     x = torch.randn(4, 5)
-    module = Dropout(0.5).eval()
+    module = CPUDropout(0.5).eval()
     assert module(x) is x and dropout(x, 0.0) is x
     assert torch.equal(dropout(x, 1.0), F.dropout(x, 1.0))
-    assert Dropout(0.3).state_dict() == {} and repr(Dropout(0.3)) == repr(torch.nn.Dropout(0.3))
+    assert CPUDropout(0.3).state_dict() == {}
+    assert CPUDropout(0.3).extra_repr() == torch.nn.Dropout(0.3).extra_repr()

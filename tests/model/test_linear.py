@@ -1,4 +1,4 @@
-"""`aiayn.model.linear`: float32 CPU products on oneDNN equal `F.linear` (forward and every
+"""`aiayn.kernels.linear`: float32 CPU products on oneDNN equal `F.linear` (forward and every
 gradient, in float64 as the reference), and everything it must not take goes to `F.linear`."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.model import linear as module
-from aiayn.model.linear import Linear, linear
+from aiayn.kernels import linear as module
+from aiayn.kernels.linear import CPULinear, linear
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN"
@@ -94,7 +94,7 @@ def test_a_tied_weight_sums_its_gradients(calls: list) -> None:
 
 
 def test_inference_skips_autograd_and_the_module_keeps_nn_linears_state(calls: list) -> None:
-    layer = Linear(8, 5)
+    layer = CPULinear(8, 5)
     plain = torch.nn.Linear(8, 5)
     plain.load_state_dict(layer.state_dict())
     assert layer.state_dict().keys() == plain.state_dict().keys()
@@ -184,11 +184,9 @@ def test_the_output_layer_decodes_on_onednn_on_amd_whatever_the_cpus_default(
     """Without gradients (decoding) the output layer's few rows x whole vocabulary go to
     oneDNN on an AMD CPU even where the CPU's default is MKL; in training it follows the
     default; an explicit ``onednn=False``, or AIAYN_ONEDNN=0, never takes oneDNN."""
-    from aiayn.model.embedding import OutputProjection
-
     monkeypatch.setattr(module, "ENABLED", False)
     monkeypatch.setattr(module, "DECODE_ONEDNN", True)  # an AMD CPU
-    layer = OutputProjection(8, 50)
+    layer = module.CPUOutputProjection(8, 50)
     layer.reset_parameters()
     x = torch.randn(2, 1, 8)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""`aiayn.model.linear.packed_weights`: inference products on MKL-packed weights equal
+"""`aiayn.kernels.linear.packed_weights`: inference products on MKL-packed weights equal
 `F.linear` for any row count and read the packed copy, never serve a pass that takes gradients
 or a weight that changed, and decoding with them gives the translations decoded without
 them."""
@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from model_helpers import random_tokens, tiny_config, tiny_model
 
+from aiayn.kernels import accelerate
+from aiayn.kernels import linear as module
+from aiayn.kernels.linear import CPULinear, packed_weights
 from aiayn.model import DecodeConfig, build_model, generate
-from aiayn.model import linear as module
-from aiayn.model.embedding import OutputProjection
 from aiayn.model.ensemble import Ensemble
-from aiayn.model.linear import Linear, packed_weights
 
 pytestmark = pytest.mark.skipif(not module.MKL_PACKING, reason="this torch cannot pack")
 
@@ -67,7 +67,7 @@ def test_packed_products_equal_f_linear_for_any_row_count(
 ) -> None:
     """From `PACKED_MIN_ROWS` (4) rows on, the packed copy; below, the weight itself."""
     torch.manual_seed(rows)
-    layer = Linear(in_features, out_features, bias=bias)
+    layer = CPULinear(in_features, out_features, bias=bias)
     x = torch.randn(in_features, rows).t()  # (rows, K), not contiguous
     with torch.no_grad(), packed_weights(layer):
         out = layer(x)
@@ -92,7 +92,7 @@ def test_the_product_reads_the_packed_copy_not_the_weight(rows: int) -> None:
 
 
 def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
-    layer = OutputProjection(8, 50)
+    layer = module.CPUOutputProjection(8, 50)
     layer.reset_parameters()
     x = torch.randn(4, 1, 8)
     assert layer.packed is None
@@ -108,7 +108,7 @@ def test_the_packed_copies_exist_only_inside_the_block(calls: list) -> None:
 
 def test_nothing_is_packed_where_packing_is_off(calls: list, monkeypatch) -> None:
     monkeypatch.setattr(module, "PACKING", False)
-    layer = Linear(8, 6)
+    layer = CPULinear(8, 6)
     with torch.no_grad(), packed_weights(layer):
         assert layer.packed is None
         layer(torch.randn(2, 8))
@@ -116,7 +116,7 @@ def test_nothing_is_packed_where_packing_is_off(calls: list, monkeypatch) -> Non
 
 
 def test_a_pass_that_takes_gradients_uses_the_weights_themselves(calls: list) -> None:
-    layer = Linear(8, 6)
+    layer = CPULinear(8, 6)
     x = torch.randn(4, 8)
     with packed_weights(layer):
         out = layer(x)
@@ -130,7 +130,7 @@ def test_a_pass_that_takes_gradients_uses_the_weights_themselves(calls: list) ->
 def test_a_weight_changed_inside_the_block_is_not_read_from_its_old_copy(
     change: str, calls: list
 ) -> None:
-    layer = Linear(8, 6)
+    layer = CPULinear(8, 6)
     x = torch.randn(4, 8)
     with torch.no_grad(), packed_weights(layer):
         layer(x)
@@ -152,7 +152,7 @@ def test_packed_products_take_precedence_over_onednn_where_forced(calls: list, m
     onednn: list[int] = []
     product = module.onednn_product
     monkeypatch.setattr(module, "onednn_product", lambda *a: onednn.append(1) or product(*a))
-    layer = Linear(8, 6)
+    layer = CPULinear(8, 6)
     x = torch.randn(4, 8)
     with packed_weights(layer):
         with torch.no_grad():
@@ -166,7 +166,7 @@ def test_packed_products_take_precedence_over_onednn_where_forced(calls: list, m
 def test_an_inner_block_packs_nothing_anew_and_leaves_the_outer_copies(
     calls: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = tiny_model()
+    model = accelerate(tiny_model(), "cpu")
     packs: list[int] = []
     pack = module.pack
     monkeypatch.setattr(module, "pack", lambda weight: packs.append(1) or pack(weight))
@@ -181,7 +181,7 @@ def test_an_inner_block_packs_nothing_anew_and_leaves_the_outer_copies(
 
 
 def test_weights_that_are_not_float32_are_not_packed(calls: list) -> None:
-    layer = Linear(8, 6).to(torch.bfloat16)
+    layer = CPULinear(8, 6).to(torch.bfloat16)
     with torch.no_grad(), packed_weights(layer):
         assert layer.packed is None
         out = layer(torch.randn(2, 8, dtype=torch.bfloat16))
@@ -189,8 +189,9 @@ def test_weights_that_are_not_float32_are_not_packed(calls: list) -> None:
 
 
 def _models() -> dict[str, torch.nn.Module]:
+    """Each on the CPU kernels (`accelerate`), whose layers pack."""
     rnn = build_model(tiny_config(arch="rnn", d_model=16, num_heads=1)).eval()
-    return {
+    models = {
         "base": tiny_model(),
         "factorized, pre-norm, output bias": tiny_model(
             d_embed=8, norm_first=True, output_bias=True
@@ -198,6 +199,7 @@ def _models() -> dict[str, torch.nn.Module]:
         "ensemble": Ensemble([tiny_model(), tiny_model(seed=1)]),
         "rnn": rnn,
     }
+    return {name: accelerate(model, "cpu") for name, model in models.items()}
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])

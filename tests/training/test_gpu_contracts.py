@@ -294,8 +294,10 @@ def test_batches_are_pinned_for_a_cuda_device(tmp_path, monkeypatch):
 
 def test_off_the_cpu_the_model_and_loss_run_torchs_own_kernels(monkeypatch):
     """A model on another device (the meta device stands for a GPU here) never reaches the
-    CPU kernels, whatever the policy: each is replaced by a function that fails."""
-    from aiayn.model import build_model, dropout, linear
+    CPU kernels, even with them applied (`accelerate(model, "cpu")`): each is replaced by a
+    function that fails."""
+    from aiayn.kernels import accelerate, dropout, linear
+    from aiayn.model import build_model
     from aiayn.training import loss
     from tests.model.model_helpers import tiny_config
 
@@ -308,7 +310,7 @@ def test_off_the_cpu_the_model_and_loss_run_torchs_own_kernels(monkeypatch):
     monkeypatch.setattr(loss._LabelSmoothedCE, "apply", fail)
     monkeypatch.setattr(loss._ProjectedLabelSmoothedCE, "apply", fail)
     model = build_model(tiny_config(src_vocab_size=50, tgt_vocab_size=50, dropout=0.1))
-    model = model.to("meta").train()
+    model = accelerate(model, "cpu").to("meta").train()
     src = torch.randint(4, 50, (3, 7), device="meta")
     tgt = torch.randint(4, 50, (3, 5), device="meta")
     features = model(src, tgt, features_only=True)
@@ -390,3 +392,21 @@ def test_two_process_training_keeps_nccls_rules(strategy, tmp_path):
         assert len(steps) >= 4
         places = {sync.split(" at ", 1)[1] for step in steps for sync in step["syncs"]}
         assert places <= ALLOWED_SYNCS, places - ALLOWED_SYNCS
+
+
+def test_a_short_training_run_has_the_same_loss_curve_on_either_kernels(tmp_path):
+    """kernels=torch (the GPU's code path) and kernels=cpu train the same: the same logged
+    losses, update by update (no dropout: the two draw their masks from different streams)."""
+    curves = {}
+    try:
+        for policy in ("torch", "cpu"):
+            out = tmp_path / policy
+            overrides = [*fast_overrides(out), *TOY, "trainer.max_steps=12", "test=false"]
+            overrides += [f"kernels={policy}", "model.dropout=0.0", "val_bleu=false"]
+            overrides += ["trainer.log_every_n_steps=1", *MONITOR_LOSS]
+            run(compose_train(overrides, out))
+            curves[policy] = csv_metrics(out)["train/loss"]
+    finally:
+        kernels.use("cpu")
+    assert len(curves["cpu"]) == 12
+    assert curves["torch"] == pytest.approx(curves["cpu"], rel=1e-4)

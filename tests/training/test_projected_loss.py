@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.dataset import collate
-from aiayn.machine import bf16_native
+from aiayn.kernels.machine import bf16_native
 from aiayn.model import ModelConfig, build_model
 from aiayn.model.embedding import OutputProjection
 from aiayn.training import loss as loss_module

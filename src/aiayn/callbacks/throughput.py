@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from aiayn.machine import bf16_native, matmul_flops
+from aiayn.kernels.machine import bf16_native, matmul_flops
 from aiayn.model.summary import forward_flops
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}

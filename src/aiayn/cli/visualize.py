@@ -1,5 +1,5 @@
 """`python -m aiayn.visualize ckpt_path=<ckpt> sentence="A man rides a bike." output_dir=attn
-[target="..."] [decode=beam] [+decode.beam_size=8] [device=cpu]` (conf/visualize.yaml).
+[target="..."] [decode=beam] [decode.beam_size=8] [device=cpu]` (conf/visualize.yaml).
 
 Writes `encoder_self_layer{i}.png`, `decoder_self_layer{i}.png`, `decoder_cross_layer{i}.png`
 (i from 1). The target side is the model's own translation (the checkpoint's decode
@@ -21,7 +21,7 @@ def run(cfg: DictConfig | dict) -> list:
     """Write the heatmaps; returns their paths."""
     config = to_schema(cfg, VisualizeConfig)
     translator = load_checkpoint(config.ckpt_path, config.device)  # type: ignore[arg-type]
-    translator = translator.with_settings(config.decode)
+    translator = translator.with_settings(config.decode.given())
     example = attention_example(translator, config.sentence, config.target)  # type: ignore[arg-type]
     paths = save_pngs(example, config.output_dir)
     print(f"{len(paths)} heatmaps in {config.output_dir}: {' '.join(p.name for p in paths)}")

@@ -18,6 +18,7 @@ import torch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError, DataError, writing
 from aiayn.inference.translator import Translator
+from aiayn.kernels import accelerate
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 
 MODEL_PREFIX = "model."  # the Transformer's weights inside the LightningModule's state_dict
@@ -80,7 +81,8 @@ def load_checkpoint(
     dtype: str = "float32",
 ) -> Translator:
     """A `Translator` for the checkpoint: its model in eval mode on `device` with its weights
-    in `dtype` (`resolve_dtype`; decoding sums its scores in float32 whatever it is), its
+    in `dtype` (`resolve_dtype`; decoding sums its scores in float32 whatever it is) and the
+    kernels for its device (`aiayn.kernels.accelerate`: the CPU kernels on the CPU), its
     tokenizer, and its decode settings.
 
     `tokenizer` (a tokenizer.json or a directory written by `Tokenizers.save`) stands in for a
@@ -102,7 +104,7 @@ def load_checkpoint(
     _check_vocab(tokenizers, config, tokenizer or str(path))
     decode = DecodeConfig(**hparams.get("decode", {}))
     where = resolve_device(device)
-    model = model.to(where, resolve_dtype(dtype, where)).eval()
+    model = accelerate(model.to(where, resolve_dtype(dtype, where)).eval(), "auto")
     return Translator(model, tokenizers, decode)
 
 

@@ -152,7 +152,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         ct2_intra_threads=config.ct2_intra_threads,
         dtype=config.dtype,
     )
-    translator = translator.with_settings(config.decode, config.on_long)
+    translator = translator.with_settings(config.decode.given(), config.on_long)
     data = config.data or _data_of(config.ckpt_path, translator)
     sources, references = read_split(data, config.split)
     if config.mode == "score":

@@ -3,7 +3,7 @@
 Output is written and flushed batch by batch, so an error never loses what was already
 translated; input is read as bytes and decoded line by line, so invalid UTF-8 is named by its
 line. Decode settings: the checkpoint's `decode` hyper-parameters, with the `decode` keys of
-the config on top (`decode=beam`, `+decode.beam_size=8`).
+the config on top (`decode=beam`, `decode.beam_size=8`).
 
 With `decode.nbest` N > 1 each input line gives N output lines, best first, in the Moses
 n-best format `<input line, from 0> ||| <translation> ||| <score>` (the score is the
@@ -192,7 +192,7 @@ def run(cfg: DictConfig | dict) -> int:
         config.ct2_intra_threads,
         config.dtype,
     )
-    translator = loaded.with_settings(config.decode, config.on_long)
+    translator = loaded.with_settings(config.decode.given(), config.on_long)
     source = "<stdin>" if config.input == "-" else config.input
     prefix_file = config.prefix_file
     if prefix_file is not None and (prefix_file == "-" or not Path(prefix_file).is_file()):

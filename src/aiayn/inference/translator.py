@@ -22,8 +22,8 @@ from torch import Tensor
 from aiayn.data.dataset import collate_sources
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, TranslationError
+from aiayn.kernels.linear import packed_weights
 from aiayn.model import DecodeConfig, Hypothesis, Model, generate
-from aiayn.model.linear import packed_weights
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Translator:
 
     def decoding(self) -> AbstractContextManager[None]:
         """Held over a run of batches: the model's weights packed once for all of them
-        (`aiayn.model.linear.packed_weights`; nothing for a CTranslate2 engine)."""
+        (`aiayn.kernels.linear.packed_weights`; nothing for a CTranslate2 engine)."""
         return packed_weights(self.model)
 
     def generate(

@@ -14,18 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.model.cache import LayerCache
-from aiayn.model.linear import Linear
 from aiayn.model.masks import causal_mask
-
-if TYPE_CHECKING:
-    from aiayn.model.transformer import Transformer
 
 
 def attention_probs(
@@ -100,7 +95,7 @@ def _projection(d_model: int, heads: _Heads, n: int, shared: bool) -> nn.Module:
     """``n`` fused projections ``D -> A``: a Linear, or per-head shared matrices."""
     if shared:
         return SharedHeadProjection(heads.num_heads, heads.head_dim, n)
-    return Linear(d_model, n * heads.width)
+    return nn.Linear(d_model, n * heads.width)
 
 
 class _Heads(nn.Module):
@@ -121,7 +116,7 @@ class _Heads(nn.Module):
         self.head_dim = head_dim or d_model // num_heads
         self.width = num_heads * self.head_dim  # A
         self.dropout = dropout
-        self.out_proj = Linear(self.width, d_model)
+        self.out_proj = nn.Linear(self.width, d_model)
         self.record: list[Tensor] | None = None
 
     def split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
@@ -228,7 +223,7 @@ class MultiHeadCrossAttention(_Heads):
 
 
 @contextmanager
-def capture_attention(model: Transformer) -> Iterator[dict[str, list[Tensor]]]:
+def capture_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
     """Record the attention probabilities of every attention module of ``model``.
 
     Yields ``{'encoder_self': [...], 'decoder_self': [...], 'decoder_cross': [...]}``, filled

@@ -16,10 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import aiayn.model.linear as linear_library
-from aiayn.model.dropout import Dropout
-from aiayn.model.linear import Linear, PackableMixin, linear
-
 
 class TokenEmbedding(nn.Module):
     """``tokens (B, L)`` -> ``(B, L, d_model)``; ``weight (V, e)`` may be tied elsewhere."""
@@ -37,7 +33,7 @@ class TokenEmbedding(nn.Module):
         width = d_embed if d_embed is not None else d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
         factorized = d_embed is not None
-        self.proj = Linear(width, d_model, bias=proj_bias) if factorized else None
+        self.proj = nn.Linear(width, d_model, bias=proj_bias) if factorized else None
         after = scale and factorized and scale_after_proj
         # E * sqrt(e) (then projected), or projected then * sqrt(d_model) (seed 002)
         self.scale = math.sqrt(width) if scale and not after else 1.0
@@ -89,7 +85,7 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 class Embedding(nn.Module):
-    """``Dropout(TokenEmbedding(tokens) + PE)`` (with ``norm``: ``Dropout(LayerNorm(...))``):
+    """``nn.Dropout(TokenEmbedding(tokens) + PE)`` (with ``norm``: ``nn.Dropout(LayerNorm(...))``):
     ``tokens (B, L)`` -> ``(B, L, d_model)``.
 
     ``offset`` is the position of the first token (the cache length when decoding step by step).
@@ -114,7 +110,7 @@ class Embedding(nn.Module):
         else:
             raise ValueError(f"positional={positional!r} is unknown; use 'sinusoidal' or 'learned'")
         self.max_positions = max_positions
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         length = tokens.size(1)
@@ -129,7 +125,7 @@ class Embedding(nn.Module):
         return self.dropout(x)
 
 
-class OutputProjection(PackableMixin, nn.Module):
+class OutputProjection(nn.Module):
     """``(B, T, d_model)`` -> logits ``(B, T, V)``: ``[proj d_model -> e] then @ weight.T``.
 
     ``weight (V, e)`` is this module's own (``share_embeddings='none'``) or the target token
@@ -142,7 +138,7 @@ class OutputProjection(PackableMixin, nn.Module):
     ) -> None:
         super().__init__()
         width = d_embed if d_embed is not None else d_model
-        self.proj = Linear(d_model, width, bias=False) if d_embed is not None else None
+        self.proj = nn.Linear(d_model, width, bias=False) if d_embed is not None else None
         self.weight = nn.Parameter(torch.empty(vocab_size, width))
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
@@ -154,8 +150,4 @@ class OutputProjection(PackableMixin, nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.proj is not None:
             x = self.proj(x)
-        # decoding (no gradients) on an AMD CPU: oneDNN (aiayn.model.linear.DECODE_ONEDNN). A
-        # decoder step's few rows times the whole vocabulary is slow on AMD's MKL path
-        decoding = not torch.is_grad_enabled() and linear_library.DECODE_ONEDNN
-        onednn = True if decoding else None
-        return linear(x, self.weight, self.bias, onednn=onednn, packed=self.packed)
+        return F.linear(x, self.weight, self.bias)

@@ -1,8 +1,8 @@
 """Position-wise feed-forward network and the encoder/decoder layers.
 
-Post-norm (paper, ``norm_first=False``): ``x = LayerNorm(x + Dropout(Sublayer(x)))``, or
-``x = Dropout(LayerNorm(x + Sublayer(x)))`` with ``dropout_after_norm`` (seed 001).
-Pre-norm (``norm_first=True``): ``x = x + Dropout(Sublayer(LayerNorm(x)))``; the stack then
+Post-norm (paper, ``norm_first=False``): ``x = LayerNorm(x + nn.Dropout(Sublayer(x)))``, or
+``x = nn.Dropout(LayerNorm(x + Sublayer(x)))`` with ``dropout_after_norm`` (seed 001).
+Pre-norm (``norm_first=True``): ``x = x + nn.Dropout(Sublayer(LayerNorm(x)))``; the stack then
 needs a final LayerNorm (in ``Encoder``/``Decoder``). Shapes: ``x (B, T, D)``,
 ``memory (B, S, D)``; masks as in ``aiayn.model.masks``.
 """
@@ -17,8 +17,6 @@ from torch import Tensor, nn
 from aiayn.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention
 from aiayn.model.cache import LayerCache
 from aiayn.model.config import ModelConfig
-from aiayn.model.dropout import Dropout
-from aiayn.model.linear import Linear
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
@@ -47,10 +45,10 @@ class FeedForward(nn.Module):
         self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0
     ) -> None:
         super().__init__()
-        self.linear1 = Linear(d_model, d_ff)
-        self.linear2 = Linear(d_ff, d_model)
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -68,7 +66,7 @@ class EncoderLayer(nn.Module):
         self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -94,7 +92,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d)
         self.norm2 = nn.LayerNorm(d)
         self.norm3 = nn.LayerNorm(d)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
     def forward(

@@ -30,7 +30,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from aiayn.model.config import ModelConfig
-from aiayn.model.dropout import Dropout
 from aiayn.model.embedding import OutputProjection, TokenEmbedding
 from aiayn.model.masks import padding_mask
 
@@ -94,7 +93,7 @@ class AttentionLSTM(nn.Module):
         else:
             self.tgt_embed = TokenEmbedding(config.tgt_vocab_size, d, e, *options)
         dropout = config.dropout if config.embedding_dropout is None else config.embedding_dropout
-        self.embed_dropout = Dropout(dropout)
+        self.embed_dropout = nn.Dropout(dropout)
         enc, dec = config.num_encoder_layers, config.num_decoder_layers
         self.encoder = nn.LSTM(
             d, d // 2, enc, batch_first=True, bidirectional=True, dropout=_between(config, enc)
@@ -103,7 +102,7 @@ class AttentionLSTM(nn.Module):
         self.decoder = nn.LSTM(d, d, dec, batch_first=True, dropout=_between(config, dec))
         self.attn_key = nn.Linear(d, d, bias=False)
         self.attn_out = nn.Linear(2 * d, d, bias=False)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         e_out = e if config.factorized_output else None
         self.output = OutputProjection(d, config.tgt_vocab_size, e_out, config.output_bias)
         if config.share_embeddings != "none":

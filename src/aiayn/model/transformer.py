@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from aiayn.kernels import cpu_kernels
 from aiayn.model.attention import (
     MultiHeadCrossAttention,
     MultiHeadSelfAttention,
@@ -87,6 +86,9 @@ class Transformer(nn.Module):
     target embedding unless ``share_embeddings='none'``).
     """
 
+    # a key mask with no padding is dropped on the CPU (set by aiayn.kernels.accelerate)
+    drop_unpadded_masks = False
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         config.validate()
@@ -147,13 +149,13 @@ class Transformer(nn.Module):
 
     def _key_mask(self, tokens: Tensor | None, mask: Tensor | None) -> Tensor | None:
         """Key-padding mask ``(B, L)`` given, or derived from ``pad_id`` when ``tokens`` are
-        given. With the CPU kernels, None for CPU tensors where nothing is padded (the fastest
-        kernels take no mask); elsewhere that check would make the host wait for the device."""
+        given; with `drop_unpadded_masks`, None for a CPU mask with no padding (the fastest
+        kernels take no mask; on a GPU that check would make the host wait for the device)."""
         if mask is None:
             if tokens is None:
                 return None
             mask = padding_mask(tokens, self.config.pad_id)
-        if mask.device.type == "cpu" and cpu_kernels() and bool(mask.all()):
+        if self.drop_unpadded_masks and mask.device.type == "cpu" and bool(mask.all()):
             return None
         return mask
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from aiayn.errors import ConfigError
-from aiayn.machine import bf16_native, matmul_flops
+from aiayn.kernels.machine import bf16_native, matmul_flops
 
 log = logging.getLogger(__name__)
 

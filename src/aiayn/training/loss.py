@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from aiayn.kernels import cpu_kernels
+from aiayn.kernels.policy import cpu_kernels
 from aiayn.model.embedding import OutputProjection
 
 

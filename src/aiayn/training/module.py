@@ -26,6 +26,7 @@ from aiayn.callbacks.throughput import log_host
 from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.inference.translator import Translator
+from aiayn.kernels import accelerate
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
 from aiayn.training.guard import UpdateGuard
@@ -62,7 +63,9 @@ class TranslationModule(L.LightningModule):
         self.optim_config = OptimConfig(**optim)
         self.decode_config = DecodeConfig(**decode)
         self.val_decode_config = self.decode_config.updated(val_decode or {})
-        self.model = build_model(self.model_config)
+        # the process's kernel policy (kernels=..., set by aiayn.training.run): torch's own
+        # modules on GPUs, the CPU kernels' subclasses of them on the CPU (aiayn.kernels)
+        self.model = accelerate(build_model(self.model_config))
         if compile:
             self.model.compile()  # in place: parameter names and checkpoints stay the same
         self.tokenizers: Tokenizers | None = None

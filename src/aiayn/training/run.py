@@ -26,7 +26,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn import kernels
-from aiayn.allocator import keep_freed_memory
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
 from aiayn.config import TrainConfig, plain, process_count, to_schema
 from aiayn.console import closing_summary, set_progress, tidy_library_output
@@ -35,6 +34,7 @@ from aiayn.data.sampler import mid_epoch_world_size
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, DistributedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
+from aiayn.kernels.allocator import keep_freed_memory
 from aiayn.launchers import external_launch
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
@@ -171,7 +171,7 @@ def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule
         decode=plain(config.decode),
         val_bleu=config.val_bleu,
         num_samples=config.num_samples,
-        val_decode=dict(config.val_decode),
+        val_decode=config.val_decode.given(),
         compile=config.compile,
     )
     module.tokenizers = datamodule.tokenizers
@@ -187,7 +187,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     config = validate(cfg)
     kernels.use(config.kernels)
     if config.kernels == "cpu":
-        keep_freed_memory()  # each step's tensors reuse freed memory (aiayn.allocator)
+        keep_freed_memory()  # each step's tensors reuse freed memory (aiayn.kernels.allocator)
     if devices.on_cuda(config.trainer):
         devices.use_gpu_settings()
     resumed = config.train and config.ckpt_path  # training continues from this checkpoint

@@ -1,4 +1,5 @@
-"""Dropout whose CPU masks come from random integers, two elements a draw.
+"""`CPUDropout` (what `aiayn.kernels.accelerate` makes of ``nn.Dropout``): CPU masks from
+random integers, two elements a draw.
 
 torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially at ~5 ns an element.
 ``int32.random_()`` draws 31 uniform bits at ~1.5 ns, and each draw here serves two elements:
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.kernels import cpu_kernels
+from aiayn.kernels.policy import cpu_kernels
 
 HALF = 2**15  # a draw's high half is uniform in [0, HALF); its low half, as int16, in [-HALF, HALF)
 LOW_HALF_FIRST = sys.byteorder == "little"  # the order of an int32's two int16 halves in memory
@@ -71,7 +72,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _Keep.apply(x, keep_mask(x.shape, p), HALF / (HALF - q))  # 1 / the kept share
 
 
-class Dropout(nn.Dropout):
+class CPUDropout(nn.Dropout):
     """``nn.Dropout`` (same arguments, no state) through `dropout`."""
 
     def forward(self, input: Tensor) -> Tensor:

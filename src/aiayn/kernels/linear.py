@@ -1,4 +1,6 @@
-"""Linear layers whose float32 CPU products can run on oneDNN instead of MKL.
+"""`CPULinear` and `CPUOutputProjection` (what `aiayn.kernels.accelerate` makes of
+``nn.Linear`` and the output layer): float32 CPU products on oneDNN instead of MKL, or on
+MKL-packed weights while decoding.
 
 torch sends CPU matrix products (``F.linear``, ``@``) to MKL, which on AMD CPUs takes its AVX2
 code path even where the CPU has AVX-512. On the 2-core AMD EPYC (AVX-512) of
@@ -47,8 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.kernels import cpu_kernels
-from aiayn.machine import cpu_flags, cpu_vendor
+from aiayn.kernels.machine import cpu_flags, cpu_vendor, onednn_product
+from aiayn.kernels.policy import cpu_kernels
+from aiayn.model.embedding import OutputProjection
 
 
 def use_onednn(setting: str | None, vendor: str, flags: list[str]) -> bool:
@@ -108,12 +111,6 @@ def decode_on_onednn(vendor: str) -> bool:
 
 
 DECODE_ONEDNN = decode_on_onednn(VENDOR)
-
-
-def onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x (M, K) @ weight (N, K).T + bias (N,)`` -> ``(M, N)`` on oneDNN (strided views
-    allowed)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -281,8 +278,20 @@ def linear(
     return out.view(*x.shape[:-1], -1)
 
 
-class Linear(PackableMixin, nn.Linear):
+class CPULinear(PackableMixin, nn.Linear):
     """``nn.Linear`` (same parameters and state dict) computed by `linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, packed=self.packed)
+
+
+class CPUOutputProjection(PackableMixin, OutputProjection):
+    """`OutputProjection` (same parameters) computed by `linear`; while decoding (no
+    gradients) on an AMD CPU on oneDNN (`DECODE_ONEDNN`): a decoder step's few rows times the
+    whole vocabulary is slow on AMD's MKL path."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.proj is not None:
+            x = self.proj(x)
+        onednn = True if not torch.is_grad_enabled() and DECODE_ONEDNN else None
+        return linear(x, self.weight, self.bias, onednn=onednn, packed=self.packed)

@@ -40,6 +40,12 @@ def cpu_flags(wanted: Iterable[str] = FLAGS) -> list[str]:
     return [f for f in wanted if f in present]
 
 
+def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``x (M, K) @ weight (N, K).T + bias (N,)`` -> ``(M, N)`` on oneDNN (strided views
+    allowed): the product `aiayn.kernels.linear` sends float32 CPU products to."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def bf16_native(device: torch.device | str = "cpu") -> bool:
     """Whether bfloat16 matrix products run natively (AVX-512 BF16 / AMX, or a bf16 GPU)."""
     if torch.device(device).type == "cuda":
@@ -55,11 +61,9 @@ def matmul_flops(
 ) -> float:
     """FLOP/s of the fastest of `repeats` (size x size) @ (size x size) products after a
     warm-up, on `device` in `dtype`: the faster of torch's `@` and, for float32 on the CPU,
-    the oneDNN product that aiayn's linear layers can use (`aiayn.model.linear`, whether or
+    the oneDNN product that aiayn's linear layers can use (`aiayn.kernels.linear`, whether or
     not they use it on this CPU), so that a model-FLOP utilisation is against the best this
     machine does."""
-    from aiayn.model.linear import onednn_product
-
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
