@@ -25,6 +25,8 @@ def _remove_the_sessions_logs():
 
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+if (MULTI30K / "train.en").exists():  # data=multi30k reads this copy instead of downloading
+    os.environ.setdefault("MULTI30K_ROOT", str(MULTI30K))
 
 
 @pytest.fixture(scope="session")

@@ -94,11 +94,9 @@ def release(server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
 
 @pytest.fixture
 def make_cfg(tmp_path: Path, server: Server) -> MakeCfg:
-    root = tmp_path / "root"  # empty: every release split must be downloaded
-
     def make(**overrides: object) -> DataConfig:
-        root.mkdir(exist_ok=True)
-        settings = {"source": "multi30k", "root": str(root), "test_split": "test2016"}
+        # no data.root: every split comes from the release (downloaded once)
+        settings = {"source": "multi30k", "root": None, "test_split": "test2016"}
         settings["download_url"] = server.url
         return small_config(tmp_path, 100, **{**settings, **overrides})
 
@@ -232,7 +230,7 @@ def test_offline_names_the_urls_and_where_to_put_the_files(make_cfg: MakeCfg) ->
     for split, name in (("train", "train"), ("val", "val"), ("test2016", "test_2016_flickr")):
         for lang in LANGS:
             assert f"  {base}/{name}.{lang}.gz -> {directory / f'{split}.{lang}'}\n" in message
-    assert f"not under data.root={cfg.root} and must be fetched from:" in message
+    assert "With no data.root, these files must be fetched from:" in message
     assert f"by hand, either into {directory}/ under the names after '->'" in message
     assert "given as data.root=<dir> holding {split}.{lang} files (e.g. train.en" in message
     assert_nothing_kept(cfg)
@@ -247,7 +245,7 @@ def test_files_under_root_are_used_without_any_request(
     for split in ("train", "val", "test2016"):
         for lang in LANGS:
             (root / f"{split}.{lang}").write_text(f"local {split} {lang}\n", encoding="utf-8")
-    cfg = make_cfg()
+    cfg = make_cfg(root=str(root))
     assert get_source(cfg).read("val") == (["local val en"], ["local val de"])
     assert get_source(cfg).files()["test"] == [root / "test2016.en", root / "test2016.de"]
     assert release.requests == [] and not download_dir(cfg).exists()
@@ -258,25 +256,48 @@ def test_any_split_under_root_is_scorable(
 ) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    (root / "mytest.en").write_text("my first\nmy second\n", encoding="utf-8")
+    for split, lines in (("mytest", "my first\nmy second\n"), ("train", "a\n"), ("val", "b\n")):
+        for lang in LANGS:
+            (root / f"{split}.{lang}").write_text(f"{lines}", encoding="utf-8")
     (root / "mytest.de").write_text("mein erster\nmein zweiter\n", encoding="utf-8")
-    cfg = make_cfg(test_split="mytest")
+    cfg = make_cfg(test_split="mytest", root=str(root))
     source = get_source(cfg)
     assert source.read("test") == (["my first", "my second"], ["mein erster", "mein zweiter"])
     assert source.files()["test"] == [root / "mytest.en", root / "mytest.de"]
-    assert source.read("train") == (lines_of("train", "en"), lines_of("train", "de"))
-    assert not any("mytest" in request for request in release.requests)
+    assert release.requests == []
 
 
-def test_a_missing_unknown_split_lists_what_can_be_downloaded(
+def test_a_split_missing_from_the_users_root_is_named_and_never_downloaded(
+    release: Server, make_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    """No silent substitution: a user's data.root without test2016.de is an error naming that
+    file, not the official test set in its place."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for split in ("train", "val", "test2016"):
+        for lang in LANGS:
+            (root / f"{split}.{lang}").write_text("x\n", encoding="utf-8")
+    (root / "test2016.de").unlink()
+    cfg = make_cfg(root=str(root))
+    message = (
+        rf"^Multi30k test split 'test2016': {root / 'test2016.de'} does not exist "
+        rf"\(data\.root={root} must hold test2016\.en, test2016\.de\)\. Put it there, set "
+        r"data\.test_split to a split under data\.root, or leave data\.root unset to download"
+    )
+    with pytest.raises(DataError, match=message):
+        prepare(cfg)
+    assert release.requests == [] and not download_dir(cfg).exists()
+
+
+def test_a_split_not_in_the_release_lists_what_can_be_downloaded(
     release: Server, make_cfg: MakeCfg
 ) -> None:
     cfg = make_cfg(test_split="nosuch")
     message = (
-        r"^Multi30k test split 'nosuch': nosuch\.en, nosuch\.de not found under data\.root=.*"
-        r", and only the splits \['train', 'val', 'test2016', 'test2017_flickr', "
-        r"'test2017_mscoco', 'test2018_flickr'\] in languages en, de can be downloaded\. Put "
-        r"nosuch\.en, nosuch\.de under data\.root, or set data\.test_split to one of those"
+        r"^Multi30k test split 'nosuch' is not in the official release, which has \['train', "
+        r"'val', 'test2016', 'test2017_flickr', 'test2017_mscoco', 'test2018_flickr'\] in "
+        r"languages en, de: set data\.test_split to one of those, or give data\.root=<dir> "
+        r"holding nosuch\.en, nosuch\.de"
     )
     with pytest.raises(DataError, match=message):
         prepare(cfg)

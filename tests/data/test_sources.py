@@ -60,7 +60,6 @@ def test_unknown_source_is_rejected_naming_the_registered_ones(files_cfg: MakeCf
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"source": "multi30k", "root": None}, r"DataConfig\.root must name the Multi30k"),
         ({"source": "hf", "hf_name": None}, r"DataConfig\.hf_name must name a dataset"),
         ({"files": {"train": ["a"], "val": ["b"]}}, r"DataConfig\.files must map each of"),
         (

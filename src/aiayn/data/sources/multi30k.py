@@ -72,21 +72,23 @@ def sha256_file(path: Path) -> str:
 
 
 class Multi30kSource(FileSource):
-    """Multi30k: line-aligned `{root}/{split}.{lang}` files, split names from
+    """Multi30k: line-aligned `{split}.{lang}` files, split names from
     `train_split`/`val_split`/`test_split` (the published test set is 'test2016').
 
-    A split whose two files are both under `root` is read from there, whatever its name (so
-    any `<name>.en`/`<name>.de` placed there is scorable with `data.test_split=<name>`). Any
-    other split of the official task-1 release (`RELEASE_NAMES`: train, val, test2016,
-    test2017_flickr, test2017_mscoco, test2018_flickr; en and de) is downloaded once from
-    `download_url` (None: `RELEASE_URL`) into `{cache_dir}/multi30k-task1/` and checked
-    against `CHECKSUMS`. Root files are fingerprinted by a `stat`, release files by their
-    checksum, so fingerprinting downloads nothing and gives the same key before and after.
+    With `root` (a directory of the user's), every split is read from there, whatever its
+    name (so any `<name>.en`/`<name>.de` placed there is scorable with
+    `data.test_split=<name>`), and a split missing there is an error naming its file: nothing
+    is substituted for it. Without `root` (the default), the splits of the official task-1
+    release (`RELEASE_NAMES`: train, val, test2016, test2017_flickr, test2017_mscoco,
+    test2018_flickr; en and de) are downloaded once from `download_url` (None: `RELEASE_URL`)
+    into `{cache_dir}/multi30k-task1/` and checked against `CHECKSUMS`. Root files are
+    fingerprinted by a `stat`, release files by their checksum, so fingerprinting downloads
+    nothing and gives the same key before and after.
     """
 
     def validate(self) -> None:
-        if not self.cfg.root:
-            raise ValueError("DataConfig.root must name the Multi30k directory for source=multi30k")
+        """Nothing to check before reading: without `root` the release is downloaded, with it
+        a missing split is named when the plan is made (`_plan`)."""
 
     @property
     def download_dir(self) -> Path:
@@ -105,21 +107,30 @@ class Multi30kSource(FileSource):
         """Role -> (split name, whether it comes from the release rather than root). Touches
         no network and no download; DataError for a split that is neither under root nor in
         the release."""
-        root, plan = Path(self.cfg.root or ""), {}
+        plan = {}
         for role, split in self.cfg.split_names.items():
-            if all((root / f"{split}.{lang}").is_file() for lang in self._langs()):
+            files = ", ".join(f"{split}.{lang}" for lang in self._langs())
+            if self.cfg.root:
+                root = Path(self.cfg.root)
+                missing = [f"{split}.{lang}" for lang in self._langs()]
+                missing = [name for name in missing if not (root / name).is_file()]
+                if missing:
+                    raise DataError(
+                        f"Multi30k {role} split {split!r}: {root / missing[0]} does not exist "
+                        f"(data.root={root} must hold {files}). Put it there, set "
+                        f"data.{role}_split to a split under data.root, or leave data.root "
+                        "unset to download the official release"
+                    )
                 plan[role] = (split, False)
             elif split in RELEASE_NAMES and all(
                 f"{RELEASE_NAMES[split]}.{lang}" in CHECKSUMS for lang in self._langs()
             ):
                 plan[role] = (split, True)
             else:
-                files = ", ".join(f"{split}.{lang}" for lang in self._langs())
                 raise DataError(
-                    f"Multi30k {role} split {split!r}: {files} not found under "
-                    f"data.root={root}, and only the splits {list(RELEASE_NAMES)} in languages "
-                    f"en, de can be downloaded. Put {files} under data.root, or set "
-                    f"data.{role}_split to one of those splits"
+                    f"Multi30k {role} split {split!r} is not in the official release, which "
+                    f"has {list(RELEASE_NAMES)} in languages en, de: set data.{role}_split to "
+                    f"one of those, or give data.root=<dir> holding {files}"
                 )
         return plan
 
@@ -131,7 +142,7 @@ class Multi30kSource(FileSource):
 
     @functools.cached_property
     def _resolved_files(self) -> dict[str, list[Path]]:
-        root, langs, plan = Path(self.cfg.root or ""), self._langs(), self._plan()
+        root, langs, plan = Path(self.cfg.root or "."), self._langs(), self._plan()
         release = [
             (split, lang) for split, from_release in plan.values() if from_release for lang in langs
         ]
@@ -226,8 +237,8 @@ class Multi30kSource(FileSource):
             for split, lang in missing
         )
         return (
-            f"cannot download Multi30k ({error}). These files are not under "
-            f"data.root={self.cfg.root} and must be fetched from:\n{lines}\n"
+            f"cannot download Multi30k ({error}). With no data.root, these files "
+            f"must be fetched from:\n{lines}\n"
             f"Without network, download and gunzip them by hand, either into "
             f"{self.download_dir}/ under the names after '->' (they are checked against the "
             f"release checksums), or into a directory of your own given as data.root=<dir> "
