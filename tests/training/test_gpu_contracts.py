@@ -366,19 +366,21 @@ ALLOWED_SYNCS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_process_training_keeps_nccls_rules(strategy, tmp_path):
-    """DDP and FSDP on two gloo processes, as a GPU runs them (kernels=torch, bf16-mixed off:
-    float32), with every collective refusing host tensors, the test split under
-    inference_mode, and each training step's host-device synchronisations recorded: only
-    Lightning's own remain (ALLOWED_SYNCS). On 9898ab7 the throughput callback's CPU tensor
-    failed the first step's all-reduce."""
+    """DDP (with the averaging, EMA and attention-map callbacks too) and FSDP on two gloo
+    processes, as a GPU runs them (kernels=torch, float32), with every collective refusing
+    host tensors, the test split under inference_mode, and each training step's host-device
+    synchronisations recorded: only Lightning's own remain (ALLOWED_SYNCS). On 9898ab7 the
+    throughput callback's CPU tensor failed the first step's all-reduce."""
     report = tmp_path / "syncs"
     args = [*cli_overrides(tmp_path), *TOY, "trainer.max_steps=6", "trainer.max_epochs=-1"]
     args += ["trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=6"]
     args += ["trainer.log_every_n_steps=1000", "trainer.accelerator=cpu", "trainer.devices=2"]
     args += ["kernels=torch", "trainer.gradient_clip_val=1.0"]
-    args += [f"trainer={strategy}"] if strategy == "fsdp" else ["trainer.strategy=ddp"]
-    if strategy == "fsdp":
-        args += ["callbacks=default"]
+    if strategy == "fsdp":  # the callbacks that keep whole weights are refused under fsdp
+        args += ["trainer=fsdp", "callbacks=default"]
+    else:  # every callback that keeps or reads weights, under the same rules
+        args += ["trainer.strategy=ddp", "callbacks=[default,average,ema,attention]"]
+        args += ["test_ckpt=averaged"]
     args += ["+callbacks.gpu_rules._target_=tests.gpu_rules.GpuRules"]
     args += [f"+callbacks.gpu_rules.report={report}"]
     result = cli(args, tmp_path)
