@@ -262,8 +262,7 @@ def main() -> None:
     dtype = torch.float32
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # as train.py sets on GPUs
-        native = torch.cuda.get_device_capability() >= (8, 0)
-        dtype = torch.bfloat16 if native else torch.float16
+        dtype = torch.bfloat16 if bf16_native("cuda") else torch.float16
     # as train.py does on the CPU (process-wide, so the peers get it too); not on GPU runs
     kept = not cuda and keep_freed_memory()
     measured = matmul_flops(dtype, 8192 if cuda else 2048, 5, device)

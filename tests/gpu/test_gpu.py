@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from aiayn.kernels.machine import bf16_native
 from tests.helpers import (
     REPO,
     SIXTY_STEPS,
@@ -45,15 +46,14 @@ def _train(tmp_path, *extra: str):
 
 @pytest.mark.parametrize("precision", ["auto", "bf16-mixed", "16-mixed", "32-true"])
 def test_each_precision_trains_with_clipping_and_decodes(precision, tmp_path):
-    if precision == "bf16-mixed" and torch.cuda.get_device_capability() < (8, 0):
+    if precision == "bf16-mixed" and not bf16_native("cuda"):
         pytest.skip("bf16-mixed needs compute capability 8.0")
     run, _ = _train(tmp_path, f"trainer.precision={precision}", "trainer.gradient_clip_val=1.0")
     logged = csv_metrics(run)
     assert_loss_fell(logged["train/loss"], by=1.0)
     assert max(logged["train/grad_norm"]) < 1e3  # unscaled, also under 16-mixed's GradScaler
     metrics = json.loads((run / "metrics.json").read_text())
-    native = torch.cuda.get_device_capability() >= (8, 0)
-    auto = "bf16-mixed" if native else "16-mixed"
+    auto = "bf16-mixed" if bf16_native("cuda") else "16-mixed"
     assert metrics["precision"] == (auto if precision == "auto" else precision)
     assert metrics["kernels"] == "torch"
     assert 0.0 <= metrics["test"]["test/bleu"] <= 100.0

@@ -15,6 +15,7 @@ import torch
 
 from aiayn.kernels.machine import bf16_native, matmul_flops
 from aiayn.model.summary import forward_flops
+from aiayn.training.loggers import log_host
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
 
@@ -26,12 +27,6 @@ def precision_dtype(precision: object) -> torch.dtype:
         if text.startswith(prefix):
             return dtype
     return torch.float32
-
-
-def log_host(pl_module: L.LightningModule, name: str, value: float, **kwargs: Any) -> None:
-    """Log a number known on the host, for this rank only, as a CPU tensor: Lightning would
-    copy a float to the module's device (a copy that waits for a GPU) to read it back later."""
-    pl_module.log(name, torch.tensor(float(value)), batch_size=1, **kwargs)
 
 
 class Throughput(L.Callback):

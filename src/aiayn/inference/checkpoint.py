@@ -19,6 +19,7 @@ from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError, DataError, writing
 from aiayn.inference.translator import Translator
 from aiayn.kernels import accelerate
+from aiayn.kernels.machine import bf16_native
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 
 MODEL_PREFIX = "model."  # the Transformer's weights inside the LightningModule's state_dict
@@ -133,8 +134,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         if device.type != "cuda":
             return torch.float32
-        native = torch.cuda.get_device_capability(device) >= (8, 0)
-        return torch.bfloat16 if native else torch.float16
+        return torch.bfloat16 if bf16_native(device) else torch.float16
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]

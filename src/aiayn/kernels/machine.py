@@ -48,8 +48,8 @@ def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def bf16_native(device: torch.device | str = "cpu") -> bool:
     """Whether bfloat16 matrix products run natively (AVX-512 BF16 / AMX, or a bf16 GPU)."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.is_bf16_supported()
+    if torch.device(device).type == "cuda":  # Ampere (8.0) on; is_bf16_supported counts emulation
+        return torch.cuda.get_device_capability(device) >= (8, 0)
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

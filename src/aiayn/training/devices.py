@@ -41,7 +41,7 @@ def resolve_precision(precision: Any, trainer: dict[str, Any]) -> str:
     if str(precision) != "auto":
         return str(precision)
     if on_cuda(trainer):
-        return "bf16-mixed" if torch.cuda.get_device_capability() >= (8, 0) else "16-mixed"
+        return "bf16-mixed" if bf16_native("cuda") else "16-mixed"
     return "32-true"
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
+import lightning as L
+import torch
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import Logger
@@ -64,3 +67,9 @@ def replay(logger: Logger, rows: list[dict[str, float]]) -> None:
         if "epoch" in metrics:  # logged as an int
             metrics["epoch"] = int(metrics["epoch"])
         logger.log_metrics(metrics, None if step is None else int(step))
+
+
+def log_host(pl_module: L.LightningModule, name: str, value: float, **kwargs: Any) -> None:
+    """Log a number known on the host, for this rank only, as a CPU tensor: Lightning would
+    copy a float to the module's device (a copy that waits for a GPU) to read it back later."""
+    pl_module.log(name, torch.tensor(float(value)), batch_size=1, **kwargs)

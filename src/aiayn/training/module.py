@@ -22,7 +22,6 @@ from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.callbacks.throughput import log_host
 from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.inference.translator import Translator
@@ -30,6 +29,7 @@ from aiayn.kernels import accelerate
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
 from aiayn.training.guard import UpdateGuard
+from aiayn.training.loggers import log_host
 from aiayn.training.loss import projected_label_smoothed_loss
 from aiayn.training.schedules import OptimConfig, lr_multiplier
 from aiayn.training.sharding import gathered, shard
