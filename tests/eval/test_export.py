@@ -157,6 +157,32 @@ def test_replicas_sharing_a_batch_decode_as_one_translator(exported, sources, tr
     assert two.with_settings(settings).engine is two.engine  # the replicas are kept
 
 
+class _EngineWithout:
+    """A CTranslate2 translator whose first decode fails as a CUDA 12 wheel does on a machine
+    with CUDA 13 alone (seen on an H200), or with any other error."""
+
+    num_translators = 1
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def translate_batch(self, *args, **kwargs):
+        raise RuntimeError(self.message)
+
+
+def test_a_cuda_library_that_cannot_load_is_named_with_what_to_do(exported, translator, sources):
+    missing = "Library libcublas.so.12 is not found or cannot be loaded"
+    ct2 = CT2Translator(exported, "cuda", engine=_EngineWithout(missing))
+    with pytest.raises(ConfigError) as refused:
+        ct2.translate(sources)
+    message = str(refused.value)
+    assert "engine=ctranslate2 on device='cuda'" in message and "libcublas.so.12" in message
+    assert "device=cpu or engine=torch" in message and "nvidia-cublas-cu12" in message
+    other = CT2Translator(exported, "cpu", engine=_EngineWithout("out of memory"))
+    with pytest.raises(RuntimeError, match=r"^out of memory$"):  # not ours to explain
+        other.translate(sources)
+
+
 def test_threads_are_shared_out_as_configured(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     assert thread_split("cpu") == (4, 1)  # one single-threaded replica per thread

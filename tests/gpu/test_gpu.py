@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from aiayn.errors import ConfigError
 from aiayn.kernels.machine import bf16_native
 from tests.helpers import (
     REPO,
@@ -143,7 +144,13 @@ def test_ctranslate2_decodes_on_the_gpu_as_pytorch_does(tmp_path):
     run, _ = _train(tmp_path)
     last = run / "checkpoints" / "last.ckpt"
     ct2 = load_translator(str(last), "cuda", engine="ctranslate2")
-    assert ct2.translate(LINES) == load_checkpoint(last, "cuda", dtype="float32").translate(LINES)
+    try:
+        theirs = ct2.translate(LINES)
+    except ConfigError as error:  # a CUDA 12 wheel where only CUDA 13's libraries are
+        if "cannot be loaded" not in str(error):
+            raise
+        pytest.skip(str(error))
+    assert theirs == load_checkpoint(last, "cuda", dtype="float32").translate(LINES)
 
 
 def test_train_speed_on_cuda_prints_mfu_against_the_datasheet_beside_marian(tmp_path):

@@ -159,18 +159,21 @@ class CT2Translator(Translator):
                 "sampling_topp": config.top_p,
                 "sampling_temperature": config.temperature,
             }
-        results = self.engine.translate_batch(
-            [[self.src_tokens[i] for i in row] for row in rows],
-            beam_size=beam,
-            num_hypotheses=config.nbest if config.strategy == "beam" else 1,
-            length_penalty=config.length_penalty,
-            max_input_length=0,
-            max_decoding_length=max(limits),
-            min_decoding_length=0,
-            max_batch_size=sub_batch_size(len(rows), self.inter_threads),
-            return_scores=True,
-            **options,
-        )
+        try:
+            results = self.engine.translate_batch(
+                [[self.src_tokens[i] for i in row] for row in rows],
+                beam_size=beam,
+                num_hypotheses=config.nbest if config.strategy == "beam" else 1,
+                length_penalty=config.length_penalty,
+                max_input_length=0,
+                max_decoding_length=max(limits),
+                min_decoding_length=0,
+                max_batch_size=sub_batch_size(len(rows), self.inter_threads),
+                return_scores=True,
+                **options,
+            )
+        except RuntimeError as error:
+            raise _library_error(error, self.ct2_device) from None
         out = []
         for result, limit in zip(results, limits, strict=True):
             hyps = []
@@ -179,6 +182,22 @@ class CT2Translator(Translator):
                 hyps.append(Hypothesis(ids, float(score)))
             out.append(hyps)
         return out
+
+
+def _library_error(error: RuntimeError, device: str) -> Exception:
+    """A CUDA library that CTranslate2 loads on first use and cannot find (its PyPI wheels link
+    CUDA 12's cuBLAS; a machine with only CUDA 13's has none) as a ConfigError saying what to
+    do; any other error as it came."""
+    if "cannot be loaded" not in str(error):
+        return error
+    import ctranslate2
+
+    return ConfigError(
+        f"engine=ctranslate2 on device={device!r}: {error} (CTranslate2 "
+        f"{ctranslate2.__version__} needs the CUDA libraries it was built against). Install "
+        "them (for CUDA 12: pip install nvidia-cublas-cu12), or decode with device=cpu or "
+        "engine=torch"
+    )
 
 
 def _device(device: str) -> str:
