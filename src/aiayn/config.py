@@ -16,6 +16,8 @@ import datetime
 import functools
 import inspect
 import os
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -358,6 +360,42 @@ def check_trainer_kwargs(trainer: dict[str, Any]) -> None:
             f"trainer.{unknown[0]} is not an argument of lightning.Trainer "
             f"(unknown: {', '.join(unknown)}); see `python train.py --cfg job` for the keys"
         )
+    hints = typing.get_type_hints(Trainer.__init__)
+    for key, value in trainer.items():
+        if key in hints and not _accepts(hints[key], value):
+            raise ConfigError(
+                f"trainer.{key}={value!r}: lightning.Trainer takes "
+                f"{_type_name(hints[key])} for {key}"
+            )
+
+
+def _accepts(annotation: Any, value: Any) -> bool:
+    """Whether `value` can be `annotation` (a Union, Literal, generic or plain class); a
+    `_target_` node (an object built later) and what cannot be checked pass."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(value, dict) and "_target_" in value:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(arm, value) for arm in args)
+    if origin is typing.Literal:  # a value of the literals' types: "auto" is resolved later
+        return any(type(value) is type(arg) for arg in args)
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    target = origin or annotation
+    return not isinstance(target, type) or isinstance(value, target)
+
+
+def _type_name(annotation: Any) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arm) for arm in args)
+    if typing.get_origin(annotation) is typing.Literal:
+        return " or ".join(repr(arg) for arg in args)
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
 
 
 def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:

@@ -1,3 +1,4 @@
-"""The `python -m aiayn.<tool>` commands: Hydra `key=value` tools (visualize; prepare lives in
-`aiayn.data.prepare`) and argparse file utilities (average, sweeps). Each turns an
-`AiaynError` into one line and exit code 1 (`aiayn.errors.exit_on_error`)."""
+"""The commands: `aiayn <command>` (`aiayn.cli.main`) runs `aiayn.cli.<command>`. Hydra
+`key=value` tools (train, evaluate, translate, prepare, export, visualize) and argparse file
+utilities (average, sweeps, curves). Each turns an `AiaynError` into one line and exit code 1
+(`aiayn.errors.exit_on_error`)."""

@@ -22,7 +22,7 @@ from aiayn.inference.checkpoint import save_atomically
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m aiayn.averaging",
+        prog="aiayn average",
         description="Average the weights of checkpoints into one loadable checkpoint.",
     )
     parser.add_argument("inputs", nargs="+", help="checkpoints, or one directory with --last")
@@ -39,3 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"averaged {len(paths)} checkpoints -> {args.output}")
     for path in paths:
         print(f"  {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -70,7 +70,7 @@ def plot(curves: dict[str, list[dict[str, float]]], output: Path, title: str) ->
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m aiayn.cli.curves", description=__doc__)
+    parser = argparse.ArgumentParser(prog="aiayn curves", description=__doc__)
     parser.add_argument("run_dir", type=Path, nargs="+")
     parser.add_argument("-o", "--output", type=Path, help="PNG (default <run dir>/curves.png)")
     parser.add_argument("--title", default=None)

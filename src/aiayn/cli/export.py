@@ -30,3 +30,7 @@ register()
 @exit_on_error
 def main(cfg: DictConfig) -> None:
     run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -117,7 +117,7 @@ def summarise(multirun_dir: Path) -> list[Path]:
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m aiayn.sweeps", description=__doc__)
+    parser = argparse.ArgumentParser(prog="aiayn sweeps", description=__doc__)
     parser.add_argument("multirun_dirs", type=Path, nargs="+", metavar="multirun_dir")
     parser.add_argument(
         "--paper",

@@ -29,7 +29,7 @@ leaves no cache that a later run trusts. Processes that start together (the rank
 `torchrun` or `srun` launch, a sweep's jobs) take turns on a lock file in
 `<cache_dir>/.locks/`: one prepares, the others wait and read its cache.
 
-Run alone: `python -m aiayn.data.prepare data=multi30k data.root=...` prints the report.
+Run alone: `aiayn prepare data=multi30k data.root=...` (`aiayn.cli.prepare`) prints the report.
 """
 
 from __future__ import annotations
@@ -48,19 +48,16 @@ from dataclasses import asdict
 from operator import itemgetter
 from pathlib import Path
 
-import hydra
 import numpy as np
 from filelock import FileLock, Timeout
-from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
-from aiayn.console import Advance, Stages, progress, set_progress
+from aiayn.console import Advance, Stages, progress
 from aiayn.data.config import ROLES, DataConfig
 from aiayn.data.dataset import SplitDataset
 from aiayn.data.sources import Source, get_source
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
-from aiayn.errors import DataError, exit_on_error, writing
+from aiayn.errors import DataError, writing
 
 log = logging.getLogger(__name__)
 
@@ -439,18 +436,7 @@ def report(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-register()
+if __name__ == "__main__":  # the documented `python -m aiayn.data.prepare`
+    from aiayn.cli.prepare import main
 
-
-@hydra.main(config_path=str(CONF_DIR), config_name="prepare", version_base="1.3")
-@exit_on_error
-def main(cfg: DictConfig) -> None:
-    """`python -m aiayn.data.prepare data=<name> [data.key=value ...]`: build and report."""
-    config = to_schema(cfg, PrepareConfig)
-    set_progress(config.progress)
-    path = prepare(config.data)
-    print(f"data cache: {path}\n{report(load_manifest(path))}")
-
-
-if __name__ == "__main__":
     main()

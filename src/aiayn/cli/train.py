@@ -1,0 +1,24 @@
+"""`aiayn train [group=option ...] [key=value ...]` (also `python train.py`): train, validate
+and test a model (conf/train.yaml; schema `aiayn.config.TrainConfig`)."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from aiayn.config import CONF_DIR, register
+from aiayn.errors import exit_on_error
+
+register()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+@exit_on_error
+def main(cfg: DictConfig) -> float | None:
+    from aiayn.training.run import objective, run
+
+    return objective(run(cfg), cfg.optimized_metric)  # for Hydra sweepers (optuna)
+
+
+if __name__ == "__main__":
+    main()
