@@ -9,9 +9,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, ExportConfig, register, to_schema
+from aiayn.config import CONF_DIR, register
 from aiayn.errors import exit_on_error
+from aiayn.export.config import ExportConfig
 from aiayn.export.ctranslate2 import export
+from aiayn.schema import to_schema
 
 
 def run(cfg: DictConfig | dict) -> Path:

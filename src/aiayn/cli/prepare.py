@@ -7,10 +7,11 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, PrepareConfig, register, to_schema
+from aiayn.config import CONF_DIR, register
 from aiayn.console import set_progress
-from aiayn.data.prepare import load_manifest, prepare, report
+from aiayn.data.prepare import PrepareConfig, load_manifest, prepare, report
 from aiayn.errors import exit_on_error
+from aiayn.schema import to_schema
 
 register()
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, VisualizeConfig, register, to_schema
+from aiayn.config import CONF_DIR, register
 from aiayn.errors import exit_on_error
 from aiayn.inference.attention import attention_example, save_pngs
 from aiayn.inference.checkpoint import load_checkpoint
+from aiayn.inference.config import VisualizeConfig
+from aiayn.schema import to_schema
 
 
 def run(cfg: DictConfig | dict) -> list:

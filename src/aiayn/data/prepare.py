@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from pathlib import Path
 
@@ -58,12 +58,23 @@ from aiayn.data.sources import Source, get_source
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.data.tokenizer import SIDES, Tokenizers, train_tokenizer
 from aiayn.errors import DataError, writing
+from aiayn.schema import PathsConfig
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
 ENCODE_CHUNK = 100_000  # sentences per encode_batch call (bounds memory on WMT-size corpora)
+
+
+@dataclass
+class PrepareConfig:
+    """Everything `aiayn prepare` reads (conf/prepare.yaml)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    progress: bool = True  # progress bars (on a terminal only)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    task_name: str = "prepare"
 
 
 def _settings(cfg: DataConfig) -> dict[str, object]:

@@ -205,8 +205,7 @@ def export(
 ) -> Path:
     """Convert the checkpoint to a CTranslate2 directory at `output_dir` (written beside it
     and renamed into place, so a failed conversion leaves nothing half-written)."""
-    from aiayn.inference.checkpoint import load_checkpoint
-    from aiayn.inference.evaluation import run_data_config
+    from aiayn.inference.checkpoint import load_checkpoint, run_data_config
 
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")

@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
+from aiayn.data.config import DataConfig
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError, DataError, writing
 from aiayn.inference.translator import Translator
 from aiayn.kernels import accelerate
 from aiayn.kernels.machine import bf16_native
 from aiayn.model import DecodeConfig, ModelConfig, build_model
+from aiayn.schema import to_schema
 
 MODEL_PREFIX = "model."  # the Transformer's weights inside the LightningModule's state_dict
 
@@ -171,3 +174,17 @@ def _check_vocab(tokenizers: Tokenizers, config: ModelConfig, origin: str) -> No
                 f"model expects {want}: use the tokenizer.json of the run that wrote the "
                 "checkpoint"
             )
+
+
+def run_data_config(ckpt_path: str | Path) -> DataConfig:
+    """The `data` config of the training run that wrote `ckpt_path` (its `.hydra/config.yaml`
+    in the checkpoint's directory or the one above)."""
+    here = Path(ckpt_path).resolve().parent
+    for directory in (here, here.parent):
+        saved = directory / ".hydra" / "config.yaml"
+        if saved.is_file():
+            return to_schema(OmegaConf.load(saved).data, DataConfig)
+    raise ConfigError(
+        f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
+        "corpus, e.g. data=multi30k"
+    )

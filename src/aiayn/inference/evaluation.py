@@ -22,34 +22,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from aiayn.config import EvalConfig, to_schema
 from aiayn.console import progress
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
 from aiayn.errors import ConfigError, writing
+from aiayn.inference.checkpoint import run_data_config
+from aiayn.inference.config import EvalConfig
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.scoring import score_pairs
 from aiayn.inference.translator import Translator
+from aiayn.schema import to_schema
 
 log = logging.getLogger(__name__)
-
-
-def run_data_config(ckpt_path: str | Path) -> DataConfig:
-    """The `data` config of the training run that wrote `ckpt_path` (its `.hydra/config.yaml`
-    in the checkpoint's directory or the one above)."""
-    here = Path(ckpt_path).resolve().parent
-    for directory in (here, here.parent):
-        saved = directory / ".hydra" / "config.yaml"
-        if saved.is_file():
-            return to_schema(OmegaConf.load(saved).data, DataConfig)
-    raise ConfigError(
-        f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
-        "corpus, e.g. data=multi30k"
-    )
 
 
 def _score_references(

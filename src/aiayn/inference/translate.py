@@ -28,11 +28,12 @@ from typing import Any, TextIO
 
 from omegaconf import DictConfig
 
-from aiayn.config import TranslateConfig, to_schema
 from aiayn.console import Advance, progress
 from aiayn.errors import TranslationError, writing
+from aiayn.inference.config import TranslateConfig
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.translator import LongLineError, Translator
+from aiayn.schema import to_schema
 
 log = logging.getLogger(__name__)
 

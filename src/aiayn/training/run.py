@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn import kernels
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
-from aiayn.config import TrainConfig, plain, process_count, to_schema
+from aiayn.config import process_count
 from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.sampler import mid_epoch_world_size
@@ -38,8 +38,10 @@ from aiayn.kernels.allocator import keep_freed_memory
 from aiayn.launchers import external_launch
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
+from aiayn.schema import plain, to_schema
 from aiayn.training import devices
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
+from aiayn.training.config import TrainConfig
 from aiayn.training.loggers import CSVLogger, replay
 from aiayn.training.module import TranslationModule
 
