@@ -67,7 +67,7 @@ def test_each_file_utility_help_shows_its_arguments(name, argument):
 def test_aiayn_train_trains_as_train_py_does(tmp_path):
     """The same run through the console script: its run directory, metrics and a test score,
     and a user's mistake is still one line, not a traceback."""
-    result = aiayn("train", *cli_overrides(tmp_path), *SIXTY_STEPS, "data.toy_train_size=400")
+    result = aiayn("train", *cli_overrides(tmp_path), *SIXTY_STEPS, "data.toy.train_size=400")
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path)
     metrics = json.loads((run / "metrics.json").read_text())
@@ -84,7 +84,7 @@ def test_ddp_restarts_the_command_it_was_given(module, tmp_path):
     """Lightning starts rank 1 from `sys.argv` and `__main__.__spec__`: both forms must give
     it `aiayn.cli.train` and the same overrides."""
     args = [*cli_overrides(tmp_path), "trainer.accelerator=cpu", "trainer.devices=2"]
-    args += ["trainer.max_steps=10", "trainer.max_epochs=-1", "data.toy_train_size=400"]
+    args += ["trainer.max_steps=10", "trainer.max_epochs=-1", "data.toy.train_size=400"]
     args += ["trainer.val_check_interval=10", "trainer.check_val_every_n_epoch=null"]
     result = aiayn("train", *args, module=module, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

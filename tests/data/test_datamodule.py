@@ -30,9 +30,7 @@ CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
 def toy_module(tmp_path: Path, **overrides: object) -> TranslationDataModule:
     settings = {
         "cache_dir": str(tmp_path / "cache"),
-        "toy_train_size": 400,
-        "toy_val_size": 40,
-        "toy_test_size": 40,
+        "toy": {"train_size": 400, "val_size": 40, "test_size": 40},
         "max_tokens": 300,
         **overrides,
     }

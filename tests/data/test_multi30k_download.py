@@ -97,7 +97,7 @@ def make_cfg(tmp_path: Path, server: Server) -> MakeCfg:
     def make(**overrides: object) -> DataConfig:
         # no data.root: every split comes from the release (downloaded once)
         settings = {"source": "multi30k", "root": None, "test_split": "test2016"}
-        settings["download_url"] = server.url
+        settings["multi30k"] = {"download_url": server.url}
         return small_config(tmp_path, 100, **{**settings, **overrides})
 
     return make
@@ -108,7 +108,7 @@ def download_dir(cfg: DataConfig) -> Path:
 
 
 def test_the_default_url_is_the_official_release(make_cfg: MakeCfg) -> None:
-    source = get_source(make_cfg(download_url=None))
+    source = get_source(make_cfg(multi30k={"download_url": None}))
     assert source.url("test2016", "de") == (
         "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
         "test_2016_flickr.de.gz"
@@ -184,7 +184,8 @@ def test_a_corrupt_file_is_never_used(release: Server, make_cfg: MakeCfg) -> Non
         get_source(cfg).read("train")
     assert str(error.value) == (
         f"{url} failed its checksum: sha256 of the decompressed file is {actual}, expected "
-        f"{expected}; nothing was kept. Run again, or check data.download_url ({release.url})"
+        f"{expected}; nothing was kept. Run again, or check data.multi30k.download_url "
+        f"({release.url})"
     )
     files = sorted(p.name for p in download_dir(cfg).iterdir())
     assert files == ["train.de", "train.en", "val.en"]  # the verified ones, no val.de, no temp
@@ -221,7 +222,7 @@ def test_offline_names_the_urls_and_where_to_put_the_files(make_cfg: MakeCfg) ->
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     base = f"http://127.0.0.1:{port}/raw"
-    cfg = make_cfg(download_url=base)
+    cfg = make_cfg(multi30k={"download_url": base})
     with pytest.raises(DataError) as error:
         prepare(cfg)
     message = str(error.value)

@@ -228,8 +228,7 @@ def test_hf_source_on_local_json(files_cfg: MakeCfg, corpus_dir: Path) -> None:
         data_files[split] = str(corpus_dir / f"{split}.json")
     cfg = files_cfg(
         source="hf",
-        hf_name="json",
-        hf_data_files=data_files,
+        hf={"name": "json", "data_files": data_files},
         parent_field="translation",
         val_split="validation",
     )
@@ -302,9 +301,9 @@ def test_command_line_prepares_toy(tmp_path: Path) -> None:
         "-m",
         "aiayn.data.prepare",
         f"data.cache_dir={tmp_path}",
-        "data.toy_train_size=200",
-        "data.toy_val_size=20",
-        "data.toy_test_size=20",
+        "data.toy.train_size=200",
+        "data.toy.val_size=20",
+        "data.toy.test_size=20",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}

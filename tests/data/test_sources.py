@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -60,13 +61,15 @@ def test_unknown_source_is_rejected_naming_the_registered_ones(files_cfg: MakeCf
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"source": "hf", "hf_name": None}, r"DataConfig\.hf_name must name a dataset"),
-        ({"files": {"train": ["a"], "val": ["b"]}}, r"DataConfig\.files must map each of"),
+        ({"source": "hf", "hf": {"name": None}}, r"DataConfig\.hf\.name must name a dataset"),
+        ({"source": "hf", "hf": {"name": "json", "data_files": "a"}}, r"hf\.data_files must map"),
+        ({"source": "hf", "hf": {"name": "json", "data_files": "a"}}, r"hf\.data_files must map"),
+        ({"files": {"train": ["a"], "val": ["b"]}}, r"DataConfig\.files\.test must list 2"),
         (
             {"files": {"train": ["a", "b", "c"], "val": ["b"], "test": ["c"]}},
             r"DataConfig\.files\.train must list 2 text files or 1",
         ),
-        ({"source": "toy", "toy_val_size": 0}, r"DataConfig\.toy_val_size must be a positive"),
+        ({"source": "toy", "toy": {"val_size": 0}}, r"DataConfig\.toy\.val_size must be a"),
         (
             {"source": "toy", "src_lang": "fr"},
             r"DataConfig\.src_lang/tgt_lang must be en and de .* got \('fr', 'de'\)",
@@ -81,8 +84,8 @@ def test_each_source_checks_its_own_fields(
 
 
 def test_a_source_checks_only_its_own_fields(files_cfg: MakeCfg) -> None:
-    cfg = files_cfg(toy_val_size=0, src_lang="fr", tgt_lang="en")
-    assert isinstance(get_source(cfg), FilesSource) and cfg.toy_val_size == 0
+    cfg = files_cfg(toy={"val_size": 0}, src_lang="fr", tgt_lang="en")
+    assert isinstance(get_source(cfg), FilesSource) and cfg.toy.val_size == 0
 
 
 def test_files_source_reads_and_fingerprints_by_stat(
@@ -127,7 +130,8 @@ def test_multi30k_source_names_files_by_split_and_language(
 
 
 def test_toy_source_fingerprint_is_its_settings_and_writes_nothing(files_cfg: MakeCfg) -> None:
-    cfg = files_cfg(source="toy", toy_train_size=50, toy_val_size=6, toy_test_size=7, toy_seed=3)
+    toy = {"train_size": 50, "val_size": 6, "test_size": 7, "seed": 3}
+    cfg = files_cfg(source="toy", toy=toy)
     source = get_source(cfg)
     assert source.fingerprint() == {"toy": [TOY_VERSION, [50, 6, 7], 3]}
     assert not Path(cfg.cache_dir).exists()
@@ -142,8 +146,7 @@ def test_hf_source_fingerprint_stats_local_files_only(files_cfg: MakeCfg, tmp_pa
     local.write_text("{}\n", encoding="utf-8")
     cfg = files_cfg(
         source="hf",
-        hf_name="json",
-        hf_data_files={"train": str(local), "test": "hub/test.json"},
+        hf={"name": "json", "data_files": {"train": str(local), "test": "hub/test.json"}},
         parent_field="translation",
         val_split="validation",
     )
@@ -152,3 +155,35 @@ def test_hf_source_fingerprint_stats_local_files_only(files_cfg: MakeCfg, tmp_pa
     assert fingerprint["hf"] == ["json", None, None, splits, ("en", "de")]
     assert fingerprint["data_files"]["test"] == "hub/test.json"
     assert fingerprint["data_files"]["train"][:2] == [str(local.resolve()), 3]
+
+
+def test_the_flat_keys_before_per_source_settings_still_work_with_a_warning(caplog):
+    """`data.toy_train_size`, `data.hf_name`, `data.download_url`, ... (ALIASES) apply to
+    their new keys with a warning naming it; a config saved before the change (every flat
+    key at its default) loads silently; an alias that contradicts its new key is refused."""
+    import logging
+
+    from aiayn.data.config import ALIASES
+
+    overrides = ["toy_train_size=300", "hf_name=json", "download_url=http://127.0.0.1:1/raw"]
+    with caplog.at_level(logging.WARNING, logger="aiayn.data.config"):
+        cfg = to_schema(OmegaConf.from_dotlist(overrides), DataConfig)
+    assert (cfg.toy.train_size, cfg.hf.name) == (300, "json")
+    assert cfg.multi30k.download_url == "http://127.0.0.1:1/raw"
+    assert cfg.toy_train_size is None  # cleared: saved and logged configs carry the new keys
+    warned = [r.getMessage() for r in caplog.records]
+    assert "data.toy_train_size is deprecated: use data.toy.train_size (applied: 300)" in warned
+    assert any("use data.multi30k.download_url" in w for w in warned) and len(warned) == 3
+    caplog.clear()
+    saved = {"toy_train_size": 20000, "toy_val_size": 500, "toy_test_size": 500}
+    saved |= {"toy_seed": 1234, "hf_data_files": {}, "files": {}}
+    with caplog.at_level(logging.WARNING, logger="aiayn.data.config"):
+        assert to_schema(saved, DataConfig).toy == DataConfig().toy
+    assert not caplog.records
+    with pytest.raises(ConfigError, match=r"data\.toy_seed=3 \(deprecated\) and data\.toy\.seed=4"):
+        to_schema({"toy_seed": 3, "toy": {"seed": 4}}, DataConfig)
+    assert set(ALIASES.values()) <= {
+        f"{owner}.{key}"
+        for owner in ("toy", "hf", "multi30k")
+        for key in asdict(getattr(DataConfig(), owner))
+    }

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers import compose_train
 
-TOY = ["data.toy_train_size=1500", "data.toy_val_size=40", "data.toy_test_size=30"]
+TOY = ["data.toy.train_size=1500", "data.toy.val_size=40", "data.toy.test_size=30"]
 
 
 @pytest.fixture(scope="package", autouse=True)

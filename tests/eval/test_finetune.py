@@ -15,7 +15,7 @@ from tests.helpers import CONFIG_ERRORS, cli, cli_overrides, compose_train, run_
 
 
 def test_fine_tuning_starts_from_the_checkpoints_weights_and_tokenizer(ckpt, tmp_path):
-    overrides = ["model=tiny", f"init_from={ckpt}", "data.toy_train_size=300"]
+    overrides = ["model=tiny", f"init_from={ckpt}", "data.toy.train_size=300"]
     config = validate(compose_train(overrides, output_dir=tmp_path))
     _, module = build(config)
     saved = read_checkpoint(ckpt)

@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-TOY = ["data.toy_train_size=2000", "data.toy_val_size=50", "data.toy_test_size=50"]
+TOY = ["data.toy.train_size=2000", "data.toy.val_size=50", "data.toy.test_size=50"]
 LINES = ["the red dog sees the big cat.", "yesterday Anna saw two green birds."]
 
 

@@ -107,7 +107,7 @@ def test_a_full_disk_while_preparing_leaves_no_cache_and_keeps_the_others(tmp_pa
     from aiayn.data import prepare as prepare_module
 
     def data(size: int):
-        overrides = [*fast_overrides(tmp_path), f"data.toy_train_size={size}"]
+        overrides = [*fast_overrides(tmp_path), f"data.toy.train_size={size}"]
         return to_schema(compose_train(overrides, tmp_path / "out"), TrainConfig).data
 
     earlier = prepare_module.prepare(data(300))

@@ -12,7 +12,7 @@ import yaml
 
 from tests.helpers import CONFIG_ERRORS, cli, cli_overrides, compose_train, compose_with_hydra
 
-TOY = ["data.toy_train_size=600", "data.toy_val_size=30", "data.toy_test_size=30"]
+TOY = ["data.toy.train_size=600", "data.toy.val_size=30", "data.toy.test_size=30"]
 SHORT = [
     "trainer.max_steps=12",
     "trainer.max_epochs=-1",

@@ -21,7 +21,7 @@ from aiayn.training import devices
 from aiayn.training.run import build, run, validate
 from tests.helpers import cli, cli_overrides, compose_train, csv_metrics, fast_overrides, run_dirs
 
-TOY = ["data.toy_train_size=400", "data.toy_val_size=10", "data.toy_test_size=10"]
+TOY = ["data.toy.train_size=400", "data.toy.val_size=10", "data.toy.test_size=10"]
 MONITOR_LOSS = [
     "callbacks.model_checkpoint.monitor=val/loss",
     "callbacks.model_checkpoint.mode=min",

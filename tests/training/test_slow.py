@@ -21,7 +21,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.slow
 
-TOY = ["data.toy_train_size=1500", "data.toy_val_size=60", "data.toy_test_size=60"]
+TOY = ["data.toy.train_size=1500", "data.toy.val_size=60", "data.toy.test_size=60"]
 
 
 def _weights(checkpoint) -> dict[str, torch.Tensor]:
@@ -191,9 +191,9 @@ def test_resume_with_a_different_model_is_refused_before_any_work(tmp_path):
 # 1600 pairs make an even number of batches, so the sampler splits none for 2 ranks and a
 # 2-rank run cuts the very same batch list as one process accumulating 2 batches
 DDP_COMMON = [
-    "data.toy_train_size=1600",
-    "data.toy_val_size=60",
-    "data.toy_test_size=60",
+    "data.toy.train_size=1600",
+    "data.toy.val_size=60",
+    "data.toy.test_size=60",
     "trainer.max_steps=12",
     "trainer.max_epochs=-1",
     "trainer.check_val_every_n_epoch=null",
@@ -325,9 +325,9 @@ def test_sweep_table3_launches_every_row_and_the_report_covers_them(tmp_path):
             "-m",
             "sweep=table3",
             *cli_overrides(tmp_path),
-            "data.toy_train_size=300",
-            "data.toy_val_size=8",
-            "data.toy_test_size=8",
+            "data.toy.train_size=300",
+            "data.toy.val_size=8",
+            "data.toy.test_size=8",
             "trainer.max_steps=2",
             "trainer.max_epochs=-1",
             "trainer.val_check_interval=2",

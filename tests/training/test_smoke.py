@@ -10,7 +10,7 @@ import pytest
 from aiayn.config import CONF_DIR
 from tests.helpers import cli, cli_overrides, compose_train, run_dirs
 
-TOY = ["data.toy_train_size=300", "data.toy_val_size=20", "data.toy_test_size=20"]
+TOY = ["data.toy.train_size=300", "data.toy.val_size=20", "data.toy.test_size=20"]
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 

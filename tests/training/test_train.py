@@ -21,7 +21,7 @@ from tests.helpers import (
     run_dirs,
 )
 
-SHORT = ["data.toy_train_size=2000", "data.toy_val_size=100", "data.toy_test_size=100"]
+SHORT = ["data.toy.train_size=2000", "data.toy.val_size=100", "data.toy.test_size=100"]
 
 VARIANT_PRESETS = ["torch_default", "seed000", "seed001", "seed002", "seed003", "seed004", "rnn"]
 

@@ -1,19 +1,41 @@
 """`DataConfig` and `TokenizerConfig`: the data pipeline's settings. Field names are the Hydra
 keys users type (`data.max_tokens=8192`), so they are a public contract: add, never rename.
-The YAML files in `conf/data/` hold only these keys."""
+Each source's own settings are a dataclass of its module (`data.toy.*`, `data.hf.*`,
+`data.multi30k.*`, `data.files.*`); the flat keys they replaced (`data.toy_train_size`,
+`data.hf_name`, `data.download_url`, ...) are still accepted, with a warning naming the new
+key. The YAML files in `conf/data/` hold only these keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional  # noqa: UP035 (OmegaConf structured configs)
+import logging
+from dataclasses import asdict, dataclass, field, fields
+from typing import Dict, Optional  # noqa: UP035 (OmegaConf structured configs)
 
-ROLES = ("train", "val", "test")
+from aiayn.data.checks import ROLES, positive_int
+from aiayn.data.sources import get_source
+from aiayn.data.sources.files import FilesConfig
+from aiayn.data.sources.hf import HFConfig
+from aiayn.data.sources.multi30k import Multi30kConfig
+from aiayn.data.sources.toy import ToyConfig
 
+__all__ = ["ALIASES", "ROLES", "DataConfig", "TokenizerConfig", "positive_int"]
 
-def positive_int(owner: str, name: str, value: object) -> None:
-    """Raise ValueError naming `{owner}.{name}` unless value is an int > 0."""
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+log = logging.getLogger(__name__)
+
+# the flat keys of the sources' settings before each source had its own: old key -> new key
+ALIASES = {
+    "toy_train_size": "toy.train_size",
+    "toy_val_size": "toy.val_size",
+    "toy_test_size": "toy.test_size",
+    "toy_seed": "toy.seed",
+    "hf_name": "hf.name",
+    "hf_config": "hf.config",
+    "hf_revision": "hf.revision",
+    "hf_data_files": "hf.data_files",
+    "download_url": "multi30k.download_url",
+}
+SOURCE_SETTINGS = {"toy": ToyConfig, "hf": HFConfig, "multi30k": Multi30kConfig}
+SOURCE_SETTINGS |= {"files": FilesConfig}
 
 
 TOKENIZER_MODELS = ("bpe", "unigram")
@@ -58,47 +80,81 @@ class DataConfig:
     """Where the parallel text comes from and how it becomes batches.
 
     source: the corpus kind, a name in `aiayn.data.sources.SOURCES` ('toy', 'multi30k',
-    'files', 'hf'); each source class's docstring says what it reads and which of the fields
-    below it uses. `train_split`/`val_split`/`test_split` name the source's splits (multi30k:
-    'test2016', hf: e.g. 'validation'); in the cache and the API they are always
-    'train'/'val'/'test'.
+    'files', 'hf'); its settings are the field of that name (`toy`, `multi30k`, `files`,
+    `hf`: each source's docstring says what it reads). `root`: the directory a local corpus
+    is under (multi30k, files). `train_split`/`val_split`/`test_split` name the source's
+    splits (multi30k: 'test2016', hf: e.g. 'validation'); in the cache and the API they are
+    always 'train'/'val'/'test'. `src_field`/`tgt_field`/`parent_field`: where the two sides
+    are in TSV/JSONL/HF records.
     Train pairs with an empty side, a side longer than `max_len` tokens or a token-length
     ratio above `max_ratio` are dropped; val/test are kept whole (over-long: truncated).
     `max_tokens` bounds each batch's padded size per side, incl. BOS/EOS.
-    `download_url`: base URL of the Multi30k task-1 release that source=multi30k downloads
-    splits missing under `root` from (`<download_url>/<name>.<lang>.gz`, checked against
-    the release checksums, kept under `cache_dir`); None: the official GitHub release.
     """
 
     source: str = "toy"
     src_lang: str = "en"
     tgt_lang: str = "de"
     root: Optional[str] = None  # noqa: UP045
-    download_url: Optional[str] = None  # noqa: UP045 (None: the official release)
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"
-    files: Dict[str, List[str]] = field(default_factory=dict)  # noqa: UP006
     src_field: Optional[str] = None  # noqa: UP045 (default: src_lang)
     tgt_field: Optional[str] = None  # noqa: UP045 (default: tgt_lang)
     parent_field: Optional[str] = None  # noqa: UP045
-    hf_name: Optional[str] = None  # noqa: UP045
-    hf_config: Optional[str] = None  # noqa: UP045
-    hf_revision: Optional[str] = None  # noqa: UP045
-    hf_data_files: Dict[str, str] = field(default_factory=dict)  # noqa: UP006
-    toy_train_size: int = 20000
-    toy_val_size: int = 500
-    toy_test_size: int = 500
-    toy_seed: int = 1234
+    toy: ToyConfig = field(default_factory=ToyConfig)
+    multi30k: Multi30kConfig = field(default_factory=Multi30kConfig)
+    files: FilesConfig = field(default_factory=FilesConfig)
+    hf: HFConfig = field(default_factory=HFConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     max_len: int = 128
     max_ratio: float = 3.0
     max_tokens: int = 4096
     cache_dir: str = ".cache/aiayn"
     num_workers: int = 0
+    # deprecated aliases (ALIASES): None unless given; applied to the new keys, then cleared
+    toy_train_size: Optional[int] = None  # noqa: UP045
+    toy_val_size: Optional[int] = None  # noqa: UP045
+    toy_test_size: Optional[int] = None  # noqa: UP045
+    toy_seed: Optional[int] = None  # noqa: UP045
+    hf_name: Optional[str] = None  # noqa: UP045
+    hf_config: Optional[str] = None  # noqa: UP045
+    hf_revision: Optional[str] = None  # noqa: UP045
+    hf_data_files: Optional[Dict[str, str]] = None  # noqa: UP006, UP045
+    download_url: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
+        for name, schema in (*SOURCE_SETTINGS.items(), ("tokenizer", TokenizerConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):  # DataConfig(**asdict(config)) builds them again
+                setattr(self, name, schema(**value))
+        self._apply_aliases()
         self.validate()
+
+    def _apply_aliases(self) -> None:
+        """Move each deprecated flat key that is set onto its new key, with a warning (none
+        when it already holds that value, as in configs saved before the change)."""
+        for old, new in ALIASES.items():
+            value = getattr(self, old)
+            if value is None or value == {}:  # unset (hf_data_files' old default: {})
+                setattr(self, old, None)
+                continue
+            owner, key = new.split(".")
+            settings = getattr(self, owner)
+            current = getattr(settings, key)
+            default = {f.name: f for f in fields(settings)}[key]
+            untouched = current == (
+                default.default_factory() if callable(default.default_factory) else default.default
+            )
+            if value != current and not untouched:
+                raise ValueError(
+                    f"DataConfig.{old}={value!r} (deprecated) and DataConfig.{new}={current!r} "
+                    f"disagree: drop data.{old}"
+                )
+            if value != current:
+                log.warning("data.%s is deprecated: use data.%s (applied: %r)", old, new, value)
+                setattr(settings, key, value)
+            setattr(self, old, None)
+            setattr(self, owner, type(settings)(**asdict(settings)))  # checked again
 
     @property
     def split_names(self) -> Dict[str, str]:  # noqa: UP006
@@ -112,8 +168,6 @@ class DataConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field(s) and what to do."""
-        from aiayn.data.sources import get_source  # here: the sources import this module
-
         source = get_source(self)
         for name in ("max_len", "max_tokens"):
             positive_int("DataConfig", name, getattr(self, name))

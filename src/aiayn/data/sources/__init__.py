@@ -7,12 +7,16 @@ in `conf/data/`.
 
 from __future__ import annotations
 
-from aiayn.data.config import DataConfig
+from typing import TYPE_CHECKING
+
 from aiayn.data.sources.base import FileSource, Source
 from aiayn.data.sources.files import FilesSource
 from aiayn.data.sources.hf import HFSource
 from aiayn.data.sources.multi30k import Multi30kSource
 from aiayn.data.sources.toy import ToySource
+
+if TYPE_CHECKING:
+    from aiayn.data.config import DataConfig
 
 SOURCES: dict[str, type[Source]] = {
     "toy": ToySource,

@@ -11,9 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aiayn.data.config import DataConfig
 from aiayn.data.sources.text import columns, file_fingerprint, iter_aligned
+
+if TYPE_CHECKING:
+    from aiayn.data.config import DataConfig
 
 
 class Source(ABC):

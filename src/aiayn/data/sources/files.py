@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List  # noqa: UP035 (OmegaConf)
 
-from aiayn.data.config import ROLES
+from aiayn.data.checks import ROLES
 from aiayn.data.sources.base import FileSource
 from aiayn.data.sources.text import iter_aligned, iter_jsonl, iter_tsv
 from aiayn.errors import DataError
+
+
+@dataclass
+class FilesConfig:
+    """`data.files.*`: per split, [source text, target text] (line-aligned) or [one .tsv or
+    .jsonl file]."""
+
+    train: List[str] = field(default_factory=list)  # noqa: UP006
+    val: List[str] = field(default_factory=list)  # noqa: UP006
+    test: List[str] = field(default_factory=list)  # noqa: UP006
 
 
 class FilesSource(FileSource):
@@ -18,13 +30,8 @@ class FilesSource(FileSource):
     `root` when it is set."""
 
     def validate(self) -> None:
-        files = self.cfg.files
-        if sorted(files) != sorted(ROLES):
-            raise ValueError(
-                f"DataConfig.files must map each of {ROLES} to [src, tgt] text files or "
-                f"[one .tsv/.jsonl file], got keys {sorted(files)}"
-            )
-        for role, paths in files.items():
+        for role in ROLES:
+            paths = getattr(self.cfg.files, role)
             if len(paths) not in (1, 2):
                 raise ValueError(
                     f"DataConfig.files.{role} must list 2 text files or 1 .tsv/.jsonl "
@@ -33,7 +40,7 @@ class FilesSource(FileSource):
 
     def files(self) -> dict[str, list[Path]]:
         root = Path(self.cfg.root) if self.cfg.root else Path()
-        return {role: [root / path for path in self.cfg.files[role]] for role in ROLES}
+        return {role: [root / path for path in getattr(self.cfg.files, role)] for role in ROLES}
 
     def pairs(self, role: str) -> Iterator[tuple[str, str]]:
         paths = self.files()[role]

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from aiayn.data.config import DataConfig
 from aiayn.data.sources.base import Source
 from aiayn.data.sources.text import file_fingerprint, record_fields
 from aiayn.errors import DataError
 
+if TYPE_CHECKING:
+    from aiayn.data.config import DataConfig
+
+
+@dataclass
+class HFConfig:
+    """`data.hf.*`: the dataset `name` (e.g. wmt14, or a builder such as json), its `config`
+    (e.g. de-en) and `revision`, and local `data_files` (split -> path) for a builder."""
+
+    name: Optional[str] = None  # noqa: UP045
+    config: Optional[str] = None  # noqa: UP045
+    revision: Optional[str] = None  # noqa: UP045
+    # None: none; a whole mapping on the command line: data.hf.data_files="{train: a.jsonl}"
+    data_files: Any = None  # {split: path}
+
 
 class HFSource(Source):
-    """A Hugging Face dataset `hf_name` (config `hf_config`, revision `hf_revision`) from the
-    hub, or a builder such as 'json' on local `hf_data_files` (split -> path). Split names from
+    """A Hugging Face dataset `hf.name` (config `hf.config`, revision `hf.revision`) from the
+    hub, or a builder such as 'json' on local `hf.data_files` (split -> path). Split names from
     `train_split`/`val_split`/`test_split` (e.g. 'validation'); records hold the fields
     `src_field`/`tgt_field` (default: the languages), optionally under `parent_field` (e.g.
     'translation'). Fingerprinted by those settings and a `stat` of each local data file."""
@@ -24,17 +39,25 @@ class HFSource(Source):
         self._loaded: dict[str, Any] = {}  # split name -> datasets.Dataset
 
     def validate(self) -> None:
-        if not self.cfg.hf_name:
-            raise ValueError("DataConfig.hf_name must name a dataset (e.g. wmt14) for source=hf")
+        if not self.cfg.hf.name:
+            raise ValueError("DataConfig.hf.name must name a dataset (e.g. wmt14) for source=hf")
+        files = self.cfg.hf.data_files
+        if files is not None and not (
+            isinstance(files, dict) and all(isinstance(v, str) for v in files.values())
+        ):
+            raise ValueError(
+                "DataConfig.hf.data_files must map split names to paths, e.g. "
+                f'data.hf.data_files="{{train: train.jsonl}}", got {files!r}'
+            )
 
     def fingerprint(self) -> dict[str, object]:
         cfg = self.cfg
         local = {
             split: file_fingerprint(Path(path)) if Path(path).is_file() else path
-            for split, path in sorted(cfg.hf_data_files.items())
+            for split, path in sorted((cfg.hf.data_files or {}).items())
         }
         return {
-            "hf": [cfg.hf_name, cfg.hf_config, cfg.hf_revision, cfg.split_names, cfg.fields],
+            "hf": [cfg.hf.name, cfg.hf.config, cfg.hf.revision, cfg.split_names, cfg.fields],
             "data_files": local,
         }
 
@@ -47,7 +70,7 @@ class HFSource(Source):
         missing = [name for name in columns if name not in dataset.column_names]
         if missing:
             raise DataError(
-                f"dataset {self.cfg.hf_name!r} split {split!r} has columns "
+                f"dataset {self.cfg.hf.name!r} split {split!r} has columns "
                 f"{dataset.column_names}, not {missing}: set data.parent_field / "
                 "data.src_field / data.tgt_field"
             )
@@ -61,7 +84,7 @@ class HFSource(Source):
                 try:
                     pair = record_fields(record, cfg.fields, cfg.parent_field)
                 except (KeyError, TypeError) as error:
-                    raise DataError(f"{cfg.hf_name!r} {split} record {number}: {error}") from error
+                    raise DataError(f"{cfg.hf.name!r} {split} record {number}: {error}") from error
                 yield pair
                 number += 1
 
@@ -73,15 +96,15 @@ class HFSource(Source):
         if split not in self._loaded:
             try:
                 self._loaded[split] = datasets.load_dataset(
-                    cfg.hf_name,
-                    cfg.hf_config,
-                    data_files=dict(cfg.hf_data_files) or None,
-                    revision=cfg.hf_revision,
+                    cfg.hf.name,
+                    cfg.hf.config,
+                    data_files=dict(cfg.hf.data_files or {}) or None,
+                    revision=cfg.hf.revision,
                     split=split,
                     cache_dir=str(Path(cfg.cache_dir) / "hf"),
                 )
             except Exception as error:  # datasets/hub raise many types (files, network, ...)
                 raise DataError(
-                    f"cannot load Hugging Face dataset {cfg.hf_name!r} split {split!r}: {error}"
+                    f"cannot load Hugging Face dataset {cfg.hf.name!r} split {split!r}: {error}"
                 ) from error
         return self._loaded[split]

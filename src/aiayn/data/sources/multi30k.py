@@ -22,13 +22,25 @@ import shutil
 import tempfile
 import urllib.request
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from aiayn.data.sources.base import FileSource
 from aiayn.data.sources.text import file_fingerprint
 from aiayn.errors import DataError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Multi30kConfig:
+    """`data.multi30k.*`: `download_url`, the base URL of the task-1 release that splits
+    missing under `root` are downloaded from (`<download_url>/<name>.<lang>.gz`, checked
+    against the release checksums, kept under `cache_dir`); None: the official release."""
+
+    download_url: Optional[str] = None  # noqa: UP045
+
 
 RELEASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 DOWNLOAD_DIR = "multi30k-task1"
@@ -97,7 +109,7 @@ class Multi30kSource(FileSource):
 
     def url(self, split: str, lang: str) -> str:
         """The release URL of `{split}.{lang}` (split a key of `RELEASE_NAMES`)."""
-        base = (self.cfg.download_url or RELEASE_URL).rstrip("/")
+        base = (self.cfg.multi30k.download_url or RELEASE_URL).rstrip("/")
         return f"{base}/{RELEASE_NAMES[split]}.{lang}.gz"
 
     def _langs(self) -> tuple[str, str]:
@@ -224,7 +236,8 @@ class Multi30kSource(FileSource):
                 raise DataError(
                     f"{url} failed its checksum: sha256 of the decompressed file is "
                     f"{digest.hexdigest()}, expected {expected}; nothing was kept. Run again, "
-                    f"or check data.download_url ({self.cfg.download_url or RELEASE_URL})"
+                    "or check data.multi30k.download_url "
+                    f"({self.cfg.multi30k.download_url or RELEASE_URL})"
                 )
             os.replace(text, final)
         finally:

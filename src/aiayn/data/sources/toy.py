@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.data.config import ROLES, positive_int
+from aiayn.data.checks import ROLES, positive_int
 from aiayn.data.sources.base import FileSource
 from aiayn.data.toy import write_toy_corpus
 
 TOY_VERSION = 1  # bump when the toy grammar changes
 
 
+@dataclass
+class ToyConfig:
+    """`data.toy.*`: pairs per split, and the seed they are drawn with."""
+
+    train_size: int = 20000
+    val_size: int = 500
+    test_size: int = 500
+    seed: int = 1234
+
+
 class ToySource(FileSource):
-    """The rule-based en<->de toy corpus: `toy_train_size`/`toy_val_size`/`toy_test_size`
-    pairs drawn with `toy_seed`, generated once into `cache_dir` as `{role}.{lang}` files.
+    """The rule-based en<->de toy corpus: `toy.train_size`/`toy.val_size`/`toy.test_size`
+    pairs drawn with `toy.seed`, generated once into `cache_dir` as `{role}.{lang}` files.
     Fingerprinted by those settings, not by the generated files."""
 
     def validate(self) -> None:
-        for name in ("toy_train_size", "toy_val_size", "toy_test_size"):
-            positive_int("DataConfig", name, getattr(self.cfg, name))
+        for name in ("train_size", "val_size", "test_size"):
+            positive_int("DataConfig.toy", name, getattr(self.cfg.toy, name))
         langs = (self.cfg.src_lang, self.cfg.tgt_lang)
         if sorted(langs) != ["de", "en"]:
             raise ValueError(
@@ -28,12 +39,12 @@ class ToySource(FileSource):
             )
 
     def _sizes(self) -> dict[str, int]:
-        cfg = self.cfg
-        return {"train": cfg.toy_train_size, "val": cfg.toy_val_size, "test": cfg.toy_test_size}
+        toy = self.cfg.toy
+        return {"train": toy.train_size, "val": toy.val_size, "test": toy.test_size}
 
     def _directory(self) -> Path:
         sizes = "-".join(str(size) for size in self._sizes().values())
-        return Path(self.cfg.cache_dir) / f"toy-v{TOY_VERSION}-{sizes}-seed{self.cfg.toy_seed}"
+        return Path(self.cfg.cache_dir) / f"toy-v{TOY_VERSION}-{sizes}-seed{self.cfg.toy.seed}"
 
     def files(self) -> dict[str, list[Path]]:
         """Generate the corpus into the cache once (temp dir + atomic rename)."""
@@ -42,7 +53,7 @@ class ToySource(FileSource):
             directory.parent.mkdir(parents=True, exist_ok=True)
             tmp = directory.with_name(f".{directory.name}.{os.getpid()}")
             tmp.mkdir(exist_ok=True)
-            write_toy_corpus(tmp, self._sizes(), self.cfg.toy_seed)
+            write_toy_corpus(tmp, self._sizes(), self.cfg.toy.seed)
             try:
                 tmp.rename(directory)
             except OSError:  # another process won the race: its copy is identical
@@ -53,4 +64,4 @@ class ToySource(FileSource):
         return {role: [directory / f"{role}.{lang}" for lang in langs] for role in ROLES}
 
     def fingerprint(self) -> dict[str, object]:
-        return {"toy": [TOY_VERSION, list(self._sizes().values()), self.cfg.toy_seed]}
+        return {"toy": [TOY_VERSION, list(self._sizes().values()), self.cfg.toy.seed]}
