@@ -1,14 +1,16 @@
 """Every command the README shows for train.py, evaluate.py, translate.py,
-`python -m aiayn.visualize` and `python -m aiayn.export` composes, exactly as written, into a
-valid config; multirun commands also resolve their sweep directory the way Hydra does at
-launch, before its runtime is set (the step where `python train.py -m sweep=heads` once
-crashed). Running them is the smoke and slow layers' job; a README line that no longer parses
-or validates fails here."""
+`python -m aiayn.visualize`, `python -m aiayn.export` and `python -m aiayn.data.prepare` (or
+as `aiayn <command>`, the console script) composes, exactly as written, into a valid config;
+multirun commands also resolve their sweep directory the way Hydra does at launch, before its
+runtime is set (the step where `python train.py -m sweep=heads` once crashed). Running them
+is the smoke and slow layers' job; a README line that no longer parses or validates fails
+here. tests/test_docs.py runs the same check over the docs pages."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from hydra.core.hydra_config import HydraConfig
@@ -17,6 +19,7 @@ from omegaconf import OmegaConf, open_dict
 from aiayn.config import (
     EvalConfig,
     ExportConfig,
+    PrepareConfig,
     TrainConfig,
     TranslateConfig,
     VisualizeConfig,
@@ -24,32 +27,58 @@ from aiayn.config import (
 )
 from tests.helpers import REPO, compose_with_hydra
 
+# the Hydra entry points, in their long form: (config name, schema)
 ENTRY_POINTS = {
     "train.py": ("train", TrainConfig),
     "evaluate.py": ("eval", EvalConfig),
     "translate.py": ("translate", TranslateConfig),
     "-m aiayn.visualize": ("visualize", VisualizeConfig),
     "-m aiayn.export": ("export", ExportConfig),
+    "-m aiayn.data.prepare": ("prepare", PrepareConfig),
+}
+# `aiayn <command>` and the long form it stands for (`python <long form>`); the argparse
+# tools (average, sweeps, curves) take files, not a config, so only their names are checked
+CONSOLE = {
+    "train": "train.py",
+    "evaluate": "evaluate.py",
+    "translate": "translate.py",
+    "prepare": "-m aiayn.data.prepare",
+    "export": "-m aiayn.export",
+    "average": "-m aiayn.averaging",
+    "sweeps": "-m aiayn.sweeps",
+    "visualize": "-m aiayn.visualize",
+    "curves": "-m aiayn.cli.curves",
 }
 PLACEHOLDER = re.compile(r"<[^>]+>")
-PATTERN = re.compile(
-    r"python (train\.py|evaluate\.py|translate\.py|-m aiayn\.visualize|-m aiayn\.export)(.*)"
-)
+_LONG = "|".join(re.escape(entry) for entry in ENTRY_POINTS)
+_SHORT = "|".join(name for name, long in CONSOLE.items() if long in ENTRY_POINTS)
+PATTERN = re.compile(rf"(?:python3? ({_LONG})|(?<![\w./-])aiayn ({_SHORT}))(?=\s|$)(.*)")
 
 
-def readme_commands() -> list[tuple[str, list[str]]]:
-    """(entry point, argv) of each command line in the README's code blocks, comments and
-    redirections removed."""
-    commands, in_block = [], False
-    for line in (REPO / "README.md").read_text().splitlines():
-        if line.startswith("```"):
+def code_lines(path: Path) -> list[str]:
+    """The lines inside the fenced code blocks of a Markdown file."""
+    lines, in_block = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
             in_block = not in_block
-            continue
-        match = PATTERN.search(line.split("  #")[0]) if in_block else None
-        if match and "&&" not in match.group(2):
-            args = shlex.split(match.group(2).split(" > ")[0])
-            commands.append((match.group(1), args))
-    return commands
+        elif in_block:
+            lines.append(line)
+    return lines
+
+
+def commands(path: Path) -> list[tuple[str, list[str]]]:
+    """(entry point in its long form, argv) of each command line in a Markdown file's code
+    blocks, comments and redirections removed; `aiayn train ...` is `python train.py ...`.
+    `--help` lines compose nothing and are left out."""
+    found = []
+    for line in code_lines(path):
+        match = PATTERN.search(line.split("  #")[0])
+        if match and "&&" not in match.group(3):
+            entry = match.group(1) or CONSOLE[match.group(2)]
+            args = shlex.split(match.group(3).split(" > ")[0])
+            if not {"--help", "-h"} & set(args):
+                found.append((entry, args))
+    return found
 
 
 def runs(args: list[str]) -> list[list[str]]:
@@ -70,16 +99,9 @@ def runs(args: list[str]) -> list[list[str]]:
     return jobs
 
 
-COMMANDS = readme_commands()
-
-
-def test_the_readme_shows_commands_of_every_entry_point():
-    assert {entry for entry, _ in COMMANDS} == set(ENTRY_POINTS)
-    assert len(COMMANDS) >= 20
-
-
-@pytest.mark.parametrize(("entry", "args"), COMMANDS, ids=[" ".join(a) for _, a in COMMANDS])
-def test_readme_command_composes_and_validates(entry, args, tmp_path):
+def check_command(entry: str, args: list[str], tmp_path: Path) -> None:
+    """Compose the command as written (each job of a multirun) and validate it as its entry
+    point does before any work."""
     name, schema = ENTRY_POINTS[entry]
     for overrides in runs(args):
         # the command as written; the run directories it claims while resolving go to tmp_path
@@ -100,3 +122,16 @@ def test_readme_command_composes_and_validates(entry, args, tmp_path):
             from aiayn.training.run import validate
 
             validate(cfg)
+
+
+COMMANDS = commands(REPO / "README.md")
+
+
+def test_the_readme_shows_commands_of_every_entry_point():
+    assert {entry for entry, _ in COMMANDS} == set(ENTRY_POINTS)
+    assert len(COMMANDS) >= 20
+
+
+@pytest.mark.parametrize(("entry", "args"), COMMANDS, ids=[" ".join(a) for _, a in COMMANDS])
+def test_readme_command_composes_and_validates(entry, args, tmp_path):
+    check_command(entry, args, tmp_path)
