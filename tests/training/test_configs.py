@@ -306,3 +306,29 @@ def test_runs_go_where_AIAYN_LOG_DIR_says_else_to_logs(setting, tmp_path, monkey
     assert Path(cfg.paths.log_dir) == expected  # empty or unset: <root_dir>/logs
     run = Path(cfg.hydra.run.dir)
     assert run.parent == expected / "train" / "runs" and (tmp_path / run).is_dir()
+
+
+@pytest.mark.parametrize("name", ["train", "eval", "translate", "export", "visualize", "prepare"])
+def test_a_root_yaml_holds_only_what_differs_from_its_schema(name):
+    """conf/<command>.yaml lists its defaults list and deltas: a top-level value equal to the
+    schema's default would be a second copy that drifts (the schema documents each key)."""
+    import dataclasses
+
+    import yaml
+
+    from aiayn.config import CONF_DIR, SCHEMAS
+
+    schema = SCHEMAS[f"{name}_schema"]
+    defaults = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            defaults[f.name] = (
+                dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            )
+    root = yaml.safe_load((CONF_DIR / f"{name}.yaml").read_text())
+    repeated = {k: v for k, v in root.items() if k in defaults and v == defaults[k]}
+    assert not repeated, f"conf/{name}.yaml repeats its schema's defaults: {repeated}"
+    assert set(root) - {"defaults", "hydra"} <= set(defaults)  # and names only schema keys

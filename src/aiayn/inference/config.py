@@ -28,7 +28,9 @@ class DecodingJobConfig:
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda:1', ...
     # weights for engine=torch: auto (bfloat16 on bf16 GPUs, float16 on older, float32 on CPU)
     dtype: str = "auto"
-    engine: str = "torch"  # or 'ctranslate2' (pip install -e ".[export]")
+    # torch, or ctranslate2: the checkpoint's CTranslate2 conversion (made once, cached in
+    # <ckpt>.ct2/) or ct2_path (pip install -e ".[export]")
+    engine: str = "torch"
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
     ct2_inter_threads: int = 0  # CTranslate2 replicas (0: one per CPU thread; 1 on a GPU)
@@ -83,8 +85,10 @@ class EvalConfig(DecodingJobConfig):
     batch_size: int = 64
     data: Optional[DataConfig] = None  # noqa: UP045 (None: the checkpoint's run's data)
     split: str = "test"
-    # translate: decode and score BLEU; score: the NLL of the references (per sentence)
+    # translate: decode and score BLEU; score: each reference's NLL given its source
+    # (scores.<split>.tsv, score.json), as fairseq's --score-reference
     mode: str = "translate"
+    # also bleu_tok: BLEU on lowercased Moses-tokenized text (as papers score Multi30k)
     tok_bleu: bool = False
     task_name: str = "eval"
 
