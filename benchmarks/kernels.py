@@ -44,12 +44,13 @@ from aiayn.kernels import dropout as dropout_module
 from aiayn.kernels import linear as linear_module
 from aiayn.kernels.allocator import keep_freed_memory
 from aiayn.kernels.linear import onednn_product, pack, packed_product, packed_weights
+from aiayn.kernels.loss import _logsumexp_rows
 from aiayn.kernels.machine import bf16_native
 from aiayn.model import DecodeConfig, generate
 from aiayn.model.attention import sdpa
 from aiayn.model.embedding import OutputProjection
 from aiayn.training import loss as loss_module
-from aiayn.training.loss import _logsumexp_rows, label_smoothed_loss, projected_label_smoothed_loss
+from aiayn.training.loss import label_smoothed_loss, projected_label_smoothed_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import describe

@@ -296,9 +296,9 @@ def test_off_the_cpu_the_model_and_loss_run_torchs_own_kernels(monkeypatch):
     """A model on another device (the meta device stands for a GPU here) never reaches the
     CPU kernels, even with them applied (`accelerate(model, "cpu")`): each is replaced by a
     function that fails."""
-    from aiayn.kernels import accelerate, dropout, linear
+    from aiayn.kernels import accelerate, dropout, linear, loss
     from aiayn.model import build_model
-    from aiayn.training import loss
+    from aiayn.training.loss import projected_label_smoothed_loss
     from tests.model.model_helpers import tiny_config
 
     def fail(*args, **kwargs):
@@ -314,7 +314,7 @@ def test_off_the_cpu_the_model_and_loss_run_torchs_own_kernels(monkeypatch):
     src = torch.randint(4, 50, (3, 7), device="meta")
     tgt = torch.randint(4, 50, (3, 5), device="meta")
     features = model(src, tgt, features_only=True)
-    total, nll = loss.projected_label_smoothed_loss(features, model.output, tgt, 0.1)
+    total, nll = projected_label_smoothed_loss(features, model.output, tgt, 0.1)
     total.backward()
     assert total.device.type == "meta" and nll.shape == ()
 

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.dataset import collate
+from aiayn.kernels import loss as loss_module
 from aiayn.kernels.machine import bf16_native
 from aiayn.model import ModelConfig, build_model
 from aiayn.model.embedding import OutputProjection
-from aiayn.training import loss as loss_module
+from aiayn.training import loss as training_loss
 from aiayn.training.loss import label_smoothed_loss, product_dtype, projected_label_smoothed_loss
 from aiayn.training.module import TranslationModule
 
@@ -260,7 +261,7 @@ def test_the_modules_update_has_the_gradients_of_the_whole_logits(model, precisi
 
     fused_loss, fused = gradients()
     assert calls == [1]
-    monkeypatch.setattr(loss_module, "product_dtype", lambda x, w: None)
+    monkeypatch.setattr(training_loss, "product_dtype", lambda x, w: None)
     whole_loss, whole = gradients()
     assert calls == [1]
     assert fused.keys() == whole.keys()

@@ -69,7 +69,7 @@ def test_label_smoothed_loss_gradient_equals_torchs(dtype):
 def test_label_smoothed_loss_in_row_blocks_equals_it_whole(dtype, monkeypatch):
     """The forward pass's log-sum-exp is taken a block of rows at a time (blocks of 3 rows
     here, the last one short): loss, NLL and gradient equal torch's cross-entropy."""
-    from aiayn.training import loss as module
+    from aiayn.kernels import loss as module
 
     monkeypatch.setattr(module, "CHUNK_ELEMENTS", 3 * 11)
     torch.manual_seed(2)

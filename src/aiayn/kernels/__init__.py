@@ -7,7 +7,7 @@ subclasses with the same parameters and state dict that compute with:
   `packed_weights` for decoding);
 - dropout masks from int32 draws (`dropout`: `CPUDropout`);
 and lets the model drop key masks with no padding (a check that reads the tensor). Outside the
-model: the output layer fused into a blocked loss (`aiayn.training.loss`) and the allocator
+model: the output layer fused into a blocked loss (`aiayn.kernels.loss`) and the allocator
 setting (`allocator`) follow the process's policy; `machine` holds the probes of what this
 CPU can do. ``torch`` (what GPUs run, and what ``auto`` gives them) leaves the model plain:
 ``F.linear``, ``F.dropout``, fused SDPA and ``F.cross_entropy``. The CPU kernels take plain
