@@ -34,6 +34,7 @@ SYLLABLES = {
     "de": str.split("ä ö ü ch sch ei ie au en er ge be de ka ma na ra sa ta te un ver zu st"),
 }
 VAL_TEST = 3000
+SAMPLE_S = 0.1  # how often the memory of the command's processes is read
 
 
 def words(lang: str, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -97,9 +98,9 @@ sys.exit(code)
 class Usage:
     """What a command cost: seconds, and over the processes it started (GB), the largest peak
     RSS (exact, from the kernel) and the largest private (anonymous) and file-backed RSS seen
-    (sampled every 0.1 s from /proc). File-backed pages of the memory-mapped cache are page
-    cache: shared by the ranks that map them and dropped by the kernel under pressure, so a
-    rank's own memory is its anonymous RSS."""
+    (sampled from /proc every `SAMPLE_S` seconds). File-backed pages of the memory-mapped
+    cache are page cache: shared by the ranks that map them and dropped by the kernel under
+    pressure, so a rank's own memory is its anonymous RSS."""
 
     seconds: float
     peak_rss: float
@@ -144,7 +145,7 @@ def timed(command: list[str]) -> tuple[Usage, str]:
             for pid in _descendants(process.pid)[1:]:  # the wrapper itself is not measured
                 pid_anon, pid_file = _rss_kb(pid)
                 anon, file = max(anon, pid_anon), max(file, pid_file)
-            time.sleep(0.1)
+            time.sleep(SAMPLE_S)
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
     seconds = time.perf_counter() - start
@@ -161,6 +162,7 @@ from omegaconf import OmegaConf
 from aiayn.config import to_schema
 from aiayn.data.config import DataConfig
 from aiayn.data.datamodule import TranslationDataModule
+
 node = OmegaConf.merge(OmegaConf.load("conf/data/files.yaml"), {
     "root": sys.argv[2], "cache_dir": sys.argv[3], "max_tokens": 4096,
     "tokenizer": {"vocab_size": 37000}})

@@ -1,6 +1,6 @@
 """Model tests run single-threaded: the tiny tensors here gain nothing from intra-op
 threads, and on a shared 2-core machine OpenMP threads waiting for each other make each op
-~100x slower. The previous setting is restored after each test."""
+many times slower. The previous setting is restored after each test."""
 
 from collections.abc import Iterator
 

@@ -33,7 +33,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize(
     ("setting", "vendor", "flags", "chosen"),
     [
-        (None, "AuthenticAMD", ["avx2", "avx512f", "fma"], True),  # MKL's AVX2 path: 2x slower
+        (None, "AuthenticAMD", ["avx2", "avx512f", "fma"], True),  # MKL's AVX2 path: the slower
         ("auto", "AuthenticAMD", ["avx2", "avx512f"], True),
         (None, "AuthenticAMD", ["avx2", "fma"], False),  # AVX2 only: MKL as fast or faster
         (None, "GenuineIntel", ["avx2", "avx512f", "amx_tile"], False),  # Intel: MKL's own

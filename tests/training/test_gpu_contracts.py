@@ -185,7 +185,7 @@ def test_each_model_and_precision_runs_or_is_refused_by_key_on_each_cpu_kind(
 ):
     """The rule for each CPU kind seen (AVX2 without bf16; AVX-512 BF16 or AMX): float16 is
     refused everywhere on the CPU, the LSTM under bf16-mixed where bf16 is not native (oneDNN
-    creates no such LSTM there: the default test layer was red on the AVX2 EPYC). What a
+    creates no such LSTM there: the default test layer was red on an AVX2-only CPU). What a
     pair that passes here does on this machine: test_the_pairs_this_cpu_accepts_train."""
     monkeypatch.setattr(devices, "bf16_native", lambda device="cpu": native)
     monkeypatch.setattr(devices, "matmul_flops", lambda *a: 1.0)

@@ -48,7 +48,7 @@ class Throughput(L.Callback):
         device = pl_module.device
         size = 4096 if device.type == "cuda" else 1024
         if device.type == "cpu" and dtype != torch.float32 and not bf16_native("cpu"):
-            size = 256  # emulated half precision: ~100x slower, a small product says as much
+            size = 256  # emulated half precision is slow: a small product says as much
         self.peak_flops = matmul_flops(dtype, size, 3, pl_module.device)
         self._start = time.perf_counter()
 

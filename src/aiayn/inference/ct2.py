@@ -9,8 +9,8 @@ differs in one documented way: CTranslate2 normalises a hypothesis' score by
 Threads on the CPU: by default one translator replica per core (`inter_threads`), each on one
 thread (`intra_threads`), and each batch split among them. CTranslate2's own default, one
 replica with several OpenMP threads, synchronises its threads after every small product of a
-decoding step: on a 2-core Xeon two threads decoded at half the speed of one, and two
-one-thread replicas at twice its speed (`benchmarks/decode_speed.py`, `benchmarks/README.md`).
+decoding step, so that two threads decode slower than one, where two one-thread replicas
+decode faster (`benchmarks/decode_speed.py`, recorded in `benchmarks/RESULTS.md`).
 """
 
 from __future__ import annotations

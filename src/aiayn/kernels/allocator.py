@@ -3,14 +3,13 @@
 glibc's malloc serves large requests (128 KiB and up, a threshold it raises to at most 32 MiB
 as it sees them freed) with fresh pages from ``mmap`` and unmaps them on ``free``. A training
 step allocates its activations, logits and gradients anew each time, so each step faults in
-all of those pages again, one 4 KiB page at a time: on a 2-core Xeon (Sapphire Rapids) a copy
-of a 1536 x 8000 float32 tensor (the logits of a 64 x 24-token batch) took 11 ms into fresh
-pages and 2-3 ms into reused ones (``benchmarks/kernels.py``). With
+all of those pages again, one 4 KiB page at a time, and a copy into fresh pages takes several
+times as long as one into reused pages (``benchmarks/kernels.py``). With
 ``keep_freed_memory`` every request comes from the heap and freed memory stays there for the
 next step (glibc's ``M_MMAP_MAX`` 0 and a 1 GiB ``M_TRIM_THRESHOLD``, what jemalloc or
 tcmalloc, the allocators Intel's PyTorch guides recommend, do by design). The real
-``experiment=multi30k_cpu`` recipe trains 7-11 % faster on that machine for ~0.1 GB more
-resident memory (``benchmarks/cpu_settings.py``, recorded in ``benchmarks/README.md``).
+``experiment=multi30k_cpu`` recipe trains faster with it for a little more resident memory
+(``benchmarks/cpu_settings.py``, recorded in ``benchmarks/RESULTS.md``).
 
 ``train.py`` turns it on; ``AIAYN_KEEP_FREED_MEMORY=0`` leaves malloc as it is. It is left
 alone as well where the C library is not glibc, where ``LD_PRELOAD`` brings another allocator,

@@ -1,8 +1,9 @@
 """`CPUDropout` (what `aiayn.kernels.accelerate` makes of ``nn.Dropout``): CPU masks from
 random integers, two elements a draw.
 
-torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially at ~5 ns an element.
-``int32.random_()`` draws 31 uniform bits at ~1.5 ns, and each draw here serves two elements:
+torch's CPU dropout draws its mask with ``bernoulli_``, which runs serially, element by
+element. ``int32.random_()`` draws 31 uniform bits several times faster (``benchmarks/
+kernels.py``), and each draw here serves two elements:
 its low 16 bits and its high 15 bits, each compared with its own threshold, keep an element
 with probability ``1 - q / 2**15``, ``q = round(p * 2**15)``: the rate is ``p`` to within
 2**-16 (0.1 is 0.100006), and what is kept is scaled by ``2**15 / (2**15 - q)``, so that the

@@ -3,18 +3,16 @@
 MKL-packed weights while decoding.
 
 torch sends CPU matrix products (``F.linear``, ``@``) to MKL, which on AMD CPUs takes its AVX2
-code path even where the CPU has AVX-512. On the 2-core AMD EPYC (AVX-512) of
-``benchmarks/README.md`` a float32 2048^3 product runs at 218 GFLOP/s in MKL and at 476 in
-oneDNN (which torch also ships), with float32 accuracy either way; on a 2-core AMD EPYC with
-AVX2 only, MKL is as fast or 10-30% faster. So by default (`use_onednn`) oneDNN takes the
-products on AMD CPUs with AVX-512 and MKL keeps them elsewhere (Intel's MKL uses its own
-AVX-512 and AMX); ``AIAYN_ONEDNN=1`` or ``0`` forces the choice. One layer prefers oneDNN on
-every AMD CPU (`DECODE_ONEDNN`): the output projection while decoding (`OutputProjection`), a
-few rows times the whole vocabulary, where AMD's MKL path is slow even on CPUs where it is
-fast otherwise (AVX2-only AMD EPYC: 32 x 256 -> 8000 in 3.4 ms on MKL, 1.5 ms on oneDNN); on
-an Intel Xeon (Sapphire Rapids) MKL is as fast there or faster (0.50-0.58 vs 0.53-0.61 ms;
-128 rows, beam 4's: 1.38-1.47 vs 1.72-1.82 ms; ``benchmarks/kernels.py``), so it keeps MKL;
-``0`` overrides that too.
+code path even where the CPU has AVX-512. oneDNN (which torch also ships) uses AVX-512 there
+and is much faster at float32 accuracy; on AMD CPUs with AVX2 only, MKL is as fast or faster.
+So by default (`use_onednn`) oneDNN takes the products on AMD CPUs with AVX-512 and MKL keeps
+them elsewhere (Intel's MKL uses its own AVX-512 and AMX); ``AIAYN_ONEDNN=1`` or ``0`` forces
+the choice. One layer prefers oneDNN on every AMD CPU (`DECODE_ONEDNN`): the output
+projection while decoding (`OutputProjection`), a few rows times the whole vocabulary, where
+AMD's MKL path is slow even on CPUs where it is fast otherwise; on Intel CPUs MKL is as fast
+there or faster, so it keeps MKL; ``0`` overrides that too. The measurements behind each
+choice: ``benchmarks/kernels.py`` and ``benchmarks/machine.py``, recorded in
+``benchmarks/RESULTS.md``.
 Where oneDNN is on, ``linear`` sends float32 CPU products to it
 (``torch.ops.mkldnn._linear_pointwise``, in the forward pass and for both products of the
 backward pass) and everything else to ``F.linear``: GPUs, other dtypes and autocast
@@ -29,8 +27,7 @@ CTranslate2 does), instead of re-blocking a piece of each weight in every produc
 `Translator.decoding` holds it over evaluate.py's and translate.py's batches; a lone
 `generate` call does not pack, since packing inside one call gained nothing reliable on 32
 sentences and lost on one; products of fewer than `PACKED_MIN_ROWS` rows take the weights.
-On a 2-core Sapphire Rapids Xeon a decoding step's products (256 -> 768, 1024 -> 256,
-256 -> 8000) run 1.4-1.6x faster at 32 rows, 1.1-1.2x at 128 (``benchmarks/kernels.py``). It
+Packing pays on Intel CPUs, more at 32 rows than at 128 (``benchmarks/kernels.py``). It
 is on for Intel CPUs (`use_packing`); ``AIAYN_PACK_WEIGHTS=1`` or ``0`` forces it on for any
 CPU (where its packed products then take precedence over oneDNN's) or off. Passes that take
 gradients, ``torch.compile``, ``torch.backends.mkldnn.flags(enabled=False)`` and whatever

@@ -46,11 +46,9 @@ def sdpa(
     """``F.scaled_dot_product_attention`` (``q (B, H, Tq, Dh)``, ``k, v (B, H, Tk, Dh)`` ->
     ``(B, H, Tq, Dh)``), except that on the CPU a bfloat16 pass that takes gradients (bf16-mixed
     training) attends in float32 and returns the inputs' dtype: torch's CPU flash-attention
-    backward is 5-8x slower in bf16 than in float32 (64 x 4 heads x 24 x 32 on a 2-core Sapphire
-    Rapids Xeon, forward and backward: 9.1-9.6 ms in bf16, 1.2-1.3 ms here with the casts;
-    ``benchmarks/kernels.py``), which made a tiny model's bf16-mixed update slower than its
-    float32 one. Inference keeps the bf16 kernels,
-    whose forward pass is the faster one."""
+    backward is several times slower in bf16 than in float32, even on CPUs with native bf16
+    (``benchmarks/kernels.py``), which made a tiny model's bf16-mixed update slower than its
+    float32 one. Inference keeps the bf16 kernels, whose forward pass is the faster one."""
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if not (q.dtype == torch.bfloat16 and grads and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(
