@@ -47,12 +47,24 @@ def test_an_unknown_or_missing_command_is_refused_with_the_list():
     assert aiayn().returncode == 2
 
 
-@pytest.mark.parametrize("name", HYDRA)
-def test_each_hydra_command_help_shows_its_groups_and_keys(name):
-    result = aiayn(name, "--help")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "== Configuration groups ==" in result.stdout and "== Config ==" in result.stdout
-    assert "decode:" in result.stdout or "data:" in result.stdout  # the keys, composed
+@pytest.mark.parametrize(  # each help composes its command's tree: one in the fast layer
+    "name",
+    [n if n == "train" else pytest.param(n, marks=pytest.mark.slow) for n in HYDRA],
+)
+def test_each_hydra_command_help_shows_its_groups_and_keys(name, capsys, monkeypatch):
+    """In this process, as the console script runs it (`main` with the command's argv)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from aiayn.cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["aiayn", name, "--help"])
+    GlobalHydra.instance().clear()
+    with pytest.raises(SystemExit) as exit:
+        main()
+    assert exit.value.code in (None, 0)
+    shown = capsys.readouterr().out
+    assert "== Configuration groups ==" in shown and "== Config ==" in shown
+    assert "decode:" in shown or "data:" in shown  # the keys, composed
 
 
 @pytest.mark.parametrize(
@@ -64,18 +76,23 @@ def test_each_file_utility_help_shows_its_arguments(name, argument):
     assert result.stdout.startswith(f"usage: aiayn {name}") and argument in result.stdout
 
 
+@pytest.mark.slow  # the fast layer has it through train.py (tests/reliability)
+def test_a_users_mistake_through_the_console_script_is_one_line(tmp_path):
+    wrong = aiayn("train", "trainer.max_steps=many", f"paths.log_dir={tmp_path}")
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "trainer.max_steps='many'" in wrong.stderr
+
+
+@pytest.mark.slow
 def test_aiayn_train_trains_as_train_py_does(tmp_path):
     """The same run through the console script: its run directory, metrics and a test score,
-    and a user's mistake is still one line, not a traceback."""
+    and Hydra's job name is still `train`."""
     result = aiayn("train", *cli_overrides(tmp_path), *SIXTY_STEPS, "data.toy.train_size=400")
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(tmp_path)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["fit"]["train/loss"] < 7 and "test/bleu" in metrics["test"]
-    assert (run / "train.log").exists()  # Hydra's job name is still `train`
-    wrong = aiayn("train", "trainer.max_steps=many", f"paths.log_dir={tmp_path / 'x'}")
-    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
-    assert "trainer.max_steps='many'" in wrong.stderr
+    assert (run / "train.log").exists()
 
 
 @pytest.mark.slow

@@ -55,6 +55,7 @@ def test_there_are_docs_pages_and_their_commands_are_found():
     assert len(DOCS_COMMANDS) >= 20
 
 
+@pytest.mark.slow  # about as long as the README's checks again; CI's slow layer runs it
 @pytest.mark.parametrize(("entry", "args"), DOCS_COMMANDS)
 def test_docs_command_composes_and_validates(entry, args, tmp_path):
     check_command(entry, args, tmp_path)
