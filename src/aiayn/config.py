@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import ListConfig, OmegaConf
 
 from aiayn.data.prepare import PrepareConfig
-from aiayn.errors import ConfigError
+from aiayn.errors import CLAIMED_RUN_DIRS, ConfigError
 from aiayn.export.config import EXPORT_FORMATS, ExportConfig
 from aiayn.inference.config import (
     EVAL_MODES,
@@ -111,6 +111,8 @@ def new_run_dir(path: str) -> str:
         launch = external_launch()
         claim = functools.partial(_claim_dir, Path(path))
         _CLAIMED[key] = launch.share_run_dir(claim, Path(path).parent) if launch else claim()
+        if launch is None:
+            CLAIMED_RUN_DIRS.append(_CLAIMED[key])
     return _CLAIMED[key]
 
 

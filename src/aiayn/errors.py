@@ -9,9 +9,11 @@ Anything else (a bug) still raises with its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -60,6 +62,8 @@ class StorageError(AiaynError):
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# how torch.save's zip writer reports a write that failed (ENOSPC included)
+TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 
 
 def _size(n: float) -> str:
@@ -76,17 +80,27 @@ def writing(path: str | os.PathLike, needed: int | None = None, kept: str = "") 
     path, the free space, the space `needed` (bytes, where known) and what was `kept`."""
     try:
         yield
-    except OSError as error:
-        if error.errno not in NO_SPACE:
-            raise
+    except (OSError, RuntimeError) as error:
         where = Path(path)
         probe = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
         free = shutil.disk_usage(probe).free
+        if not _no_space(error, free, needed):
+            raise
         need = f", about {_size(needed)} needed" if needed else ""
         raise StorageError(
             f"no space left writing {where} ({_size(free)} free{need}){kept}: free some space, "
             "or point paths.log_dir / data.cache_dir / output elsewhere, and run again"
         ) from None
+
+
+def _no_space(error: OSError | RuntimeError, free: int, needed: int | None) -> bool:
+    """Whether `error` is a full disk: ENOSPC/EDQUOT, or the RuntimeError torch's zip writer
+    turns a failed write into (it keeps no errno) where the disk has less free than needed
+    (or almost nothing)."""
+    if isinstance(error, OSError):
+        return error.errno in NO_SPACE
+    failed_write = any(m in str(error) for m in TORCH_WRITE_FAILED)
+    return failed_write and free < max(needed or 0, 1 << 20)
 
 
 def replace_text(path: str | os.PathLike, text: str) -> None:
@@ -103,8 +117,20 @@ def replace_text(path: str | os.PathLike, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# the run directories this process created (`aiayn.config.new_run_dir`)
+CLAIMED_RUN_DIRS: list[str] = []
+# what Hydra writes into a run directory before the command does anything
+HYDRA_ONLY = re.compile(r"\.hydra|\w+\.log")
+# the jobs of this process's Hydra multirun that failed with an AiaynError: (job, message)
+FAILED_JOBS: list[tuple[str, str]] = []
+FAILED_FILE = "FAILED"  # written into a failed job's directory, with its error
+
+
 def exit_on_error(function: F) -> F:
-    """Run `function`; an `AiaynError` prints `error: <message>` to stderr and exits 1."""
+    """Run `function`; an `AiaynError` prints `error: <message>` to stderr and exits 1. In a
+    Hydra multirun job it ends that job only: the error goes to stderr, to `FAILED` in the
+    job's directory and to `FAILED_JOBS`, and the sweep goes on (`exit_if_jobs_failed` ends
+    the command non-zero once every job has run)."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -113,7 +139,47 @@ def exit_on_error(function: F) -> F:
         except AiaynError as error:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            print(f"error: {error}", file=sys.stderr, flush=True)
-            sys.exit(1)
+            job = _multirun_job()
+            if job is None:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+                _discard_empty_run_dirs()
+                sys.exit(1)
+            name, directory = job
+            print(f"error: job {name}: {error}", file=sys.stderr, flush=True)
+            FAILED_JOBS.append((name, str(error)))
+            with contextlib.suppress(OSError):
+                Path(directory, FAILED_FILE).write_text(f"{error}\n", encoding="utf-8")
+            return float("nan")  # a sweeper's objective: optuna counts the trial as failed
 
     return wrapper  # type: ignore[return-value]
+
+
+def _discard_empty_run_dirs() -> None:
+    """Remove the run directories this process created that hold nothing but what Hydra
+    wrote (a refused command leaves no stray run behind)."""
+    for directory in map(Path, CLAIMED_RUN_DIRS):
+        with contextlib.suppress(OSError):
+            if all(HYDRA_ONLY.fullmatch(entry.name) for entry in directory.iterdir()):
+                shutil.rmtree(directory)
+
+
+def _multirun_job() -> tuple[str, str] | None:
+    """(`<num> (<overrides>)`, its output directory) of the Hydra multirun job this process
+    runs, else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    if hydra.mode != RunMode.MULTIRUN:
+        return None
+    return f"{hydra.job.num} ({' '.join(hydra.overrides.task)})", hydra.runtime.output_dir
+
+
+def exit_if_jobs_failed() -> None:
+    """After a multirun: list the jobs that failed and exit 1, if any did."""
+    if FAILED_JOBS:
+        lines = "\n".join(f"  job {name}: {message}" for name, message in FAILED_JOBS)
+        print(f"error: {len(FAILED_JOBS)} job(s) failed:\n{lines}", file=sys.stderr, flush=True)
+        sys.exit(1)

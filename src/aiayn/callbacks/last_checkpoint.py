@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -10,6 +11,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -71,7 +74,10 @@ class LastCheckpoint(ModelCheckpoint):
         ours = (p for p in Path(self.dirpath).glob("step*.ckpt") if _step_number(p) >= 0)
         steps = sorted(ours, key=_step_number)  # step<digits>.ckpt only: others are not ours
         for old in steps[: -self.keep_last]:
-            old.unlink(missing_ok=True)
+            try:
+                old.unlink(missing_ok=True)
+            except OSError as error:  # kept, not fatal: training goes on, the user is told
+                log.warning("keep_last: could not delete %s (%s); it stays", old, error)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step  # unchanged on the micro-batches of an accumulation window

@@ -12,11 +12,34 @@ validation with `callbacks.model_checkpoint.save_top_k=-1
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from aiayn.errors import AveragingError, exit_on_error
+from aiayn.errors import AiaynError, AveragingError, exit_on_error
 from aiayn.inference.averaging import average_checkpoints, last_checkpoints
-from aiayn.inference.checkpoint import save_atomically
+from aiayn.inference.checkpoint import read_checkpoint, save_atomically
+
+
+def check_output(output: Path, inputs: list[Path]) -> None:
+    """Refuse to overwrite a checkpoint the averaging did not write: one of its inputs, any
+    checkpoint of a run directory (`<run>/checkpoints/`), or any other file but an earlier
+    average; a new file, or an earlier average elsewhere, is fine."""
+    if not output.exists():
+        return
+    if output.is_dir():
+        raise AveragingError(f"-o {output} is a directory: name the .ckpt file to write")
+    if any(p.exists() and os.path.samefile(p, output) for p in inputs):
+        raise AveragingError(f"-o {output} is one of the checkpoints to average: name a new file")
+    if output.parent.name == "checkpoints" and (output.parent.parent / ".hydra").is_dir():
+        raise AveragingError(
+            f"-o {output} is a checkpoint of the run {output.parent.parent}: name a new file"
+        )
+    try:
+        earlier = "averaged_from" in read_checkpoint(output)
+    except AiaynError:
+        earlier = False
+    if not earlier:
+        raise AveragingError(f"-o {output} exists and is not an earlier average: name a new file")
 
 
 @exit_on_error
@@ -35,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         paths = last_checkpoints(args.inputs[0], args.last)
     else:
         paths = [Path(p) for p in args.inputs]
+    check_output(Path(args.output), paths)
     save_atomically(average_checkpoints(paths), args.output)
     print(f"averaged {len(paths)} checkpoints -> {args.output}")
     for path in paths:

@@ -10,7 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.config import CONF_DIR, check_edits_of_unset_group, register
-from aiayn.errors import exit_on_error
+from aiayn.errors import exit_if_jobs_failed, exit_on_error
 
 register()
 WHY = "the data settings are the checkpoint's run's; split=val|test picks one of its splits"
@@ -27,6 +27,7 @@ def evaluate(cfg: DictConfig) -> float | None:
 def main() -> None:
     exit_on_error(check_edits_of_unset_group)(sys.argv[1:], "data", WHY)
     evaluate()
+    exit_if_jobs_failed()  # a multirun's jobs all ran; say which failed
 
 
 if __name__ == "__main__":

@@ -7,17 +7,22 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.config import CONF_DIR, register
-from aiayn.errors import exit_on_error
+from aiayn.errors import exit_if_jobs_failed, exit_on_error
 
 register()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 @exit_on_error
-def main(cfg: DictConfig) -> float | None:
+def train(cfg: DictConfig) -> float | None:
     from aiayn.training.run import objective, run
 
     return objective(run(cfg), cfg.optimized_metric)  # for Hydra sweepers (optuna)
+
+
+def main() -> None:
+    train()
+    exit_if_jobs_failed()  # a multirun's jobs all ran; say which failed
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -36,6 +37,11 @@ from aiayn.model.attention import SharedHeadProjection
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 METADATA = "aiayn.json"
+MODEL_FILE = "model.bin"
+# what an export directory holds: CTranslate2's model and vocabularies, the tokenizer(s), ours
+EXPORT_FILES = re.compile(
+    r"(model\.bin|config\.json|\w*vocabulary\.(json|txt)|tokenizer[.\w]*\.json|aiayn\.json)$"
+)
 FORMAT_VERSION = 1
 
 
@@ -211,10 +217,7 @@ def export(
         raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     ctranslate2_module()
     ckpt_path, output_dir = Path(ckpt_path), Path(output_dir)
-    if output_dir.exists() and not force:
-        raise ConfigError(
-            f"output_dir {output_dir} exists: choose another, or set force=true to replace it"
-        )
+    check_replaceable(output_dir, force)
     translator = load_checkpoint(ckpt_path, device="cpu")
     tokenizers = translator.tokenizers
     vocabularies = vocabulary(tokenizers, "src"), vocabulary(tokenizers, "tgt")
@@ -236,6 +239,7 @@ def export(
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
     try:
         save_spec(spec, staging, quantization)
+        metadata["model_sha256"] = file_digest(staging / MODEL_FILE)
         translator.tokenizers.save(staging)
         (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
         if output_dir.exists():
@@ -244,6 +248,39 @@ def export(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir
+
+
+def check_replaceable(output_dir: Path, force: bool) -> None:
+    """Refuse to write `output_dir` over anything but an earlier export that `force` allows:
+    a file, a directory holding other files (a run, its checkpoints, the working directory),
+    or a directory whose metadata is missing or unreadable. An empty directory is fine."""
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise ConfigError(f"output_dir {output_dir} is a file: choose a new directory")
+    entries = sorted(p.name for p in output_dir.iterdir())
+    if not entries:
+        return
+    if not force:
+        raise ConfigError(
+            f"output_dir {output_dir} exists: choose a new directory, or set force=true to "
+            "replace an earlier export there"
+        )
+    if output_dir.resolve() in (Path.cwd().resolve(), Path.home().resolve(), Path("/")):
+        raise ConfigError(f"output_dir {output_dir} is not an export: choose a new directory")
+    try:
+        read_metadata(output_dir)
+    except CheckpointError as error:
+        raise ConfigError(
+            f"force=true replaces only an earlier aiayn export, and {error}; nothing was "
+            "changed: choose a new directory"
+        ) from None
+    foreign = [name for name in entries if not EXPORT_FILES.match(name)]
+    if foreign:
+        raise ConfigError(
+            f"output_dir {output_dir} holds files an export does not ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); nothing was changed: choose a new directory"
+        )
 
 
 def cached_export(ckpt_path: str | Path) -> Path:
@@ -255,6 +292,11 @@ def cached_export(ckpt_path: str | Path) -> Path:
             f"checkpoint {ckpt_path} not found: give ckpt_path=<run dir>/checkpoints/best.ckpt"
         )
     cache = ckpt_path.with_name(ckpt_path.name + ".ct2")
+    if cache.exists() and not (cache / METADATA).is_file():
+        raise CheckpointError(
+            f"{cache}, where the CTranslate2 conversion of {ckpt_path.name} is kept, is taken "
+            "by something else: move it away, or give ct2_path=<an exported directory>"
+        )
     if cache.is_dir():
         try:
             stored = read_metadata(cache).get("checkpoint_sha256")
@@ -273,8 +315,14 @@ def read_metadata(directory: str | Path) -> dict[str, Any]:
             f"{directory} is not a CTranslate2 export of aiayn (no {METADATA}); write one with "
             "python -m aiayn.export ckpt_path=<ckpt> output_dir=<dir>"
         )
-    metadata = json.loads(path.read_text(encoding="utf-8"))
-    if metadata.get("format_version") != FORMAT_VERSION:
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(
+            f"{path} is not a valid {METADATA} ({error}); export the checkpoint again"
+        ) from None
+    if not isinstance(metadata, dict) or metadata.get("format_version") != FORMAT_VERSION:
+        metadata = metadata if isinstance(metadata, dict) else {}
         raise CheckpointError(
             f"{path}: format_version {metadata.get('format_version')!r} is not "
             f"{FORMAT_VERSION}; export the checkpoint again"

@@ -36,6 +36,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path} not found: give ckpt_path=<run dir>/checkpoints/best.ckpt"
         )
+    with open(path, "rb") as file:
+        head = file.read(4)
+    if head != b"PK\x03\x04":  # torch.save writes a zip archive (since torch 1.6)
+        raise CheckpointError(
+            f"{path} is not a checkpoint (not the zip archive torch.save writes: it starts with "
+            f"{head!r}); give ckpt_path=<run dir>/checkpoints/best.ckpt"
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises many types for foreign or broken files

@@ -24,7 +24,14 @@ from torch import Tensor
 
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.export.ctranslate2 import ctranslate2_module, read_metadata, vocabulary
+from aiayn.export.ctranslate2 import (
+    METADATA,
+    MODEL_FILE,
+    ctranslate2_module,
+    file_digest,
+    read_metadata,
+    vocabulary,
+)
 from aiayn.inference.translator import Translator, decode_config
 from aiayn.model import DecodeConfig, Hypothesis, ModelConfig
 from aiayn.model.generate import max_output_lengths
@@ -86,7 +93,9 @@ class CT2Translator(Translator):
             )
         metadata = read_metadata(directory)
         self.directory, self.metadata = Path(directory), metadata
-        self.config = ModelConfig(**metadata["model"])
+        self.config = _model_config(self.directory, metadata)
+        if engine is None:
+            check_model_file(self.directory, metadata)
         self.tokenizers = Tokenizers.load(directory)
         ct2_device = _device(device)
         if ct2_device == "auto":
@@ -182,6 +191,31 @@ class CT2Translator(Translator):
                 hyps.append(Hypothesis(ids, float(score)))
             out.append(hyps)
         return out
+
+
+def _model_config(directory: Path, metadata: dict[str, Any]) -> ModelConfig:
+    """The export's `ModelConfig`, or a CheckpointError naming the file and what is wrong."""
+    try:
+        return ModelConfig(**metadata["model"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(
+            f"{directory / METADATA}: its model settings are not aiayn's ({error}); export the "
+            "checkpoint again"
+        ) from None
+
+
+def check_model_file(directory: Path, metadata: dict[str, Any]) -> None:
+    """The export's `model.bin` is there and is the one its metadata was written with (the
+    SHA-256 an export records: another checkpoint's model would decode without an error)."""
+    model = directory / MODEL_FILE
+    if not model.is_file():
+        raise CheckpointError(f"{model} is missing: export the checkpoint again")
+    expected = metadata.get("model_sha256")  # exports before it recorded none
+    if expected is not None and file_digest(model) != expected:
+        raise CheckpointError(
+            f"{model} is not the model {METADATA} describes (its SHA-256 differs: another "
+            "export's?); export the checkpoint again"
+        )
 
 
 def _library_error(error: RuntimeError, device: str) -> Exception:

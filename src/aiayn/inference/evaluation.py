@@ -29,7 +29,7 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from aiayn.console import progress
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
-from aiayn.errors import ConfigError, writing
+from aiayn.errors import ConfigError, DataError, writing
 from aiayn.inference.checkpoint import run_data_config
 from aiayn.inference.config import EvalConfig
 from aiayn.inference.ct2 import load_translator
@@ -45,6 +45,11 @@ def _score_references(
 ) -> dict[str, Any]:
     """mode=score: `scores.<split>.tsv` (per pair: tokens, NLL, NLL per token, PPL) and
     `score.json` (the corpus NLL per token and PPL)."""
+    if not any(reference.strip() for reference in references):
+        raise DataError(
+            f"mode=score: every reference of split {config.split!r} is empty, so there is "
+            "nothing to score; check the data settings (data.root, the split's files)"
+        )
     with progress(config.progress) as bars:
         advance = bars.stage(f"score {config.split}", total=len(sources))
         scored = score_pairs(translator, sources, references, config.batch_size, advance)
@@ -166,6 +171,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
         "references_lowercased": lowercased,
         "num_sentences": len(hypotheses),
         "checkpoint": _resolved(config.ckpt_path),
+        "export": _resolved(config.ct2_path),
         "engine": config.engine,
         "hypotheses": str(hyp_path),
         "decode": asdict(translator.decode),

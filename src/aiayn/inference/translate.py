@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -165,13 +166,23 @@ def _count_lines(path: str) -> int | None:
     return count + (last != b"\n")  # a last line without its newline
 
 
+def _identity(name: str, fd: int) -> tuple[int, int] | None:
+    """(device, inode) of the file `name`, or of the file behind standard stream `fd` for
+    '-'; None for what is not a regular file (a terminal, a pipe) or does not exist."""
+    try:
+        status = os.fstat(fd) if name == "-" else os.stat(name)
+    except OSError:
+        return None
+    return (status.st_dev, status.st_ino) if stat.S_ISREG(status.st_mode) else None
+
+
 def _same_file(source: str, target: str) -> bool:
-    """Whether writing `target` would overwrite `source` (same path, symlink or hard link)."""
-    if "-" in (source, target):
-        return False
-    if Path(source).resolve() == Path(target).resolve():
+    """Whether writing `target` would overwrite `source`: the same path, a symlink or hard
+    link to it, or standard input and output redirected from and to one file."""
+    if "-" not in (source, target) and Path(source).resolve() == Path(target).resolve():
         return True
-    return Path(source).exists() and Path(target).exists() and os.path.samefile(source, target)
+    ids = _identity(source, 0), _identity(target, 1)
+    return ids[0] is not None and ids[0] == ids[1]
 
 
 def run(cfg: DictConfig | dict) -> int:

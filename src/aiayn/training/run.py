@@ -242,6 +242,13 @@ def _instantiate(key: str, node: Any, **kwargs: Any) -> Any:
 
 def _check_resume(config: TrainConfig) -> None:
     saved = read_checkpoint(config.ckpt_path)
+    if config.train and ("averaged_from" in saved or "optimizer_states" not in saved):
+        what = "an average of checkpoints" if "averaged_from" in saved else "weights only"
+        raise ConfigError(
+            f"ckpt_path={config.ckpt_path} is {what}, without the optimizer and data position "
+            f"a run resumes from: resume from the run's last.ckpt, or start a new run from "
+            f"these weights with init_from={config.ckpt_path}"
+        )
     _check_world_size(config, saved)
     hparams = saved.get("hyper_parameters", {})
     current = {"model": plain(config.model), "optim": plain(config.optim)}
