@@ -4,6 +4,7 @@ and `PathsConfig` and `DecodeOverrides` are fields of several commands' schemas.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, TypeVar
 
@@ -66,7 +67,8 @@ def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         reason = str(err).splitlines()[0]
-        raise ConfigError(f"config key {key!r}: {reason}") from None
+        hint = did_you_mean(key, OmegaConf.structured(schema)) if " not in " in reason else ""
+        raise ConfigError(f"config key {key!r}: {reason}{hint}") from None
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise
@@ -74,6 +76,17 @@ def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:
         for cls, key in SCHEMA_KEYS.items():  # name the key as the user types it
             message = message.replace(f"{cls}.", f"{key}.")
         raise ConfigError(message) from None
+
+
+def did_you_mean(key: str, keys: Any) -> str:
+    """'; did you mean <key>?' for the dotted `key` when a key of its parent node in `keys` (a
+    config, or the names themselves) is close to its last part, else ''."""
+    parent, _, name = key.rpartition(".")
+    if not isinstance(keys, (list, tuple, set)):
+        node = OmegaConf.select(keys, parent) if parent else keys
+        keys = list(node.keys()) if isinstance(node, DictConfig) else []
+    close = difflib.get_close_matches(name, [str(k) for k in keys], n=1, cutoff=0.75)
+    return f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
 
 
 def plain(obj: Any) -> Any:

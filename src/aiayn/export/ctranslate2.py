@@ -31,7 +31,7 @@ import torch
 
 from aiayn.data.special import UNK_TOKEN
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.errors import CheckpointError, ConfigError, writing
 from aiayn.model import Model, ModelConfig, Transformer
 from aiayn.model.attention import SharedHeadProjection
 
@@ -237,11 +237,14 @@ def export(
     }
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    kept = "; nothing was written" + (f", {output_dir} is as it was" if output_dir.exists() else "")
     try:
-        save_spec(spec, staging, quantization)
-        metadata["model_sha256"] = file_digest(staging / MODEL_FILE)
-        translator.tokenizers.save(staging)
-        (staging / METADATA).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+        with writing(output_dir, kept=kept):
+            save_spec(spec, staging, quantization)
+            metadata["model_sha256"] = file_digest(staging / MODEL_FILE)
+            translator.tokenizers.save(staging)
+            text = json.dumps(metadata, indent=2) + "\n"
+            (staging / METADATA).write_text(text, encoding="utf-8")
         if output_dir.exists():
             shutil.rmtree(output_dir)
         staging.rename(output_dir)
@@ -268,6 +271,12 @@ def check_replaceable(output_dir: Path, force: bool) -> None:
         )
     if output_dir.resolve() in (Path.cwd().resolve(), Path.home().resolve(), Path("/")):
         raise ConfigError(f"output_dir {output_dir} is not an export: choose a new directory")
+    foreign = [name for name in entries if not EXPORT_FILES.match(name)]
+    if foreign:
+        raise ConfigError(
+            f"output_dir {output_dir} holds files an export does not ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); nothing was changed: choose a new directory"
+        )
     try:
         read_metadata(output_dir)
     except CheckpointError as error:
@@ -275,12 +284,6 @@ def check_replaceable(output_dir: Path, force: bool) -> None:
             f"force=true replaces only an earlier aiayn export, and {error}; nothing was "
             "changed: choose a new directory"
         ) from None
-    foreign = [name for name in entries if not EXPORT_FILES.match(name)]
-    if foreign:
-        raise ConfigError(
-            f"output_dir {output_dir} holds files an export does not ({', '.join(foreign[:3])}"
-            f"{', ...' if len(foreign) > 3 else ''}); nothing was changed: choose a new directory"
-        )
 
 
 def cached_export(ckpt_path: str | Path) -> Path:

@@ -190,7 +190,16 @@ def run_data_config(ckpt_path: str | Path) -> DataConfig:
     for directory in (here, here.parent):
         saved = directory / ".hydra" / "config.yaml"
         if saved.is_file():
-            return to_schema(OmegaConf.load(saved).data, DataConfig)
+            try:
+                data = OmegaConf.load(saved).data
+            except Exception as error:  # YAML's, OmegaConf's: a damaged or foreign file
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise ConfigError(
+                    f"{saved} (the run config of {Path(ckpt_path).name}) cannot be read as a "
+                    f"run's config ({type(error).__name__}: {first}); choose the corpus "
+                    "instead, e.g. data=multi30k"
+                ) from None
+            return to_schema(data, DataConfig)
     raise ConfigError(
         f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
         "corpus, e.g. data=multi30k"

@@ -18,7 +18,7 @@ from aiayn.errors import ConfigError
 from aiayn.kernels.policy import POLICIES
 from aiayn.model.config import ModelConfig
 from aiayn.model.generate import DecodeConfig
-from aiayn.schema import DecodeOverrides, PathsConfig
+from aiayn.schema import DecodeOverrides, PathsConfig, did_you_mean
 from aiayn.training.schedules import OptimConfig
 
 TEST_CKPTS = ("best", "last", "averaged", "ema")
@@ -132,9 +132,10 @@ def check_trainer_kwargs(trainer: dict[str, Any]) -> None:
     accepted = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
     unknown = sorted(set(trainer) - accepted - {"_target_"})
     if unknown:
+        hint = did_you_mean(f"trainer.{unknown[0]}", sorted(accepted))
         raise ConfigError(
             f"trainer.{unknown[0]} is not an argument of lightning.Trainer "
-            f"(unknown: {', '.join(unknown)}); see `python train.py --cfg job` for the keys"
+            f"(unknown: {', '.join(unknown)}){hint}; `aiayn train --cfg job` shows the keys"
         )
     hints = typing.get_type_hints(Trainer.__init__)
     for key, value in trainer.items():

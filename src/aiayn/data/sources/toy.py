@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.data.checks import ROLES, positive_int
 from aiayn.data.sources.base import FileSource
 from aiayn.data.toy import write_toy_corpus
+from aiayn.errors import writing
 
 TOY_VERSION = 1  # bump when the toy grammar changes
 
@@ -53,7 +55,12 @@ class ToySource(FileSource):
             directory.parent.mkdir(parents=True, exist_ok=True)
             tmp = directory.with_name(f".{directory.name}.{os.getpid()}")
             tmp.mkdir(exist_ok=True)
-            write_toy_corpus(tmp, self._sizes(), self.cfg.toy.seed)
+            try:
+                with writing(directory, kept="; nothing was kept"):
+                    write_toy_corpus(tmp, self._sizes(), self.cfg.toy.seed)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             try:
                 tmp.rename(directory)
             except OSError:  # another process won the race: its copy is identical
