@@ -431,7 +431,7 @@ def test_a_failed_multirun_job_ends_that_job_only(monkeypatch, tmp_path, capsys)
 def test_a_multirun_finishes_the_other_jobs_and_exits_non_zero(tmp_path):
     from tests.helpers import cli
 
-    args = [*cli_overrides(tmp_path), "-m", "optim.lr=1e-3,0,2e-3", "trainer.fast_dev_run=true"]
+    args = ["-m", *cli_overrides(tmp_path), "optim.lr=1e-3,0,2e-3", "++trainer.fast_dev_run=true"]
     result = cli(args, tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "error: 1 job(s) failed:" in result.stderr and "optim.lr=0" in result.stderr
