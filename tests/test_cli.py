@@ -5,6 +5,7 @@ and Lightning's DDP launcher restarts the command it was given."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -59,8 +60,13 @@ def test_each_hydra_command_help_shows_its_groups_and_keys(name, capsys, monkeyp
 
     monkeypatch.setattr(sys, "argv", ["aiayn", name, "--help"])
     GlobalHydra.instance().clear()
-    with pytest.raises(SystemExit) as exit:
-        main()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # Hydra configures logging as it starts
+    try:
+        with pytest.raises(SystemExit) as exit:
+            main()
+    finally:
+        root.handlers[:], root.level = handlers, level
     assert exit.value.code in (None, 0)
     shown = capsys.readouterr().out
     assert "== Configuration groups ==" in shown and "== Config ==" in shown

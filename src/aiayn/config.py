@@ -34,7 +34,14 @@ from aiayn.inference.config import (
     VisualizeConfig,
 )
 from aiayn.launchers import external_launch
-from aiayn.schema import SCHEMA_KEYS, DecodeOverrides, PathsConfig, plain, to_schema
+from aiayn.schema import (
+    SCHEMA_KEYS,
+    DecodeOverrides,
+    PathsConfig,
+    check_override_keys,
+    plain,
+    to_schema,
+)
 from aiayn.training.config import OPTIMIZABLE, TEST_CKPTS, TrainConfig, check_trainer_kwargs
 
 __all__ = [
@@ -203,3 +210,10 @@ def register() -> None:
     OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
     OmegaConf.register_new_resolver("aiayn_processes", process_count, replace=True)
+
+
+def check_command_line(overrides: list[str], schema: type) -> None:
+    """`check_override_keys` over a command's `key=value` arguments, the config groups of
+    `conf/` being choices, not keys."""
+    groups = {path.name for path in CONF_DIR.iterdir() if path.is_dir()}
+    check_override_keys(overrides, schema, groups)

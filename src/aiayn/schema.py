@@ -5,7 +5,9 @@ and `PathsConfig` and `DecodeOverrides` are fields of several commands' schemas.
 from __future__ import annotations
 
 import difflib
-from dataclasses import asdict, dataclass
+import types
+import typing
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -92,3 +94,37 @@ def did_you_mean(key: str, keys: Any) -> str:
 def plain(obj: Any) -> Any:
     """A dataclass config as plain dicts/lists (for hyper-parameters and loggers)."""
     return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+
+
+def check_override_keys(overrides: list[str], schema: type, groups: set[str]) -> None:
+    """Refuse a command-line `key=value` whose key the command's schema does not have, with
+    the closest key, before Hydra composes anything (Hydra's own message suggests none).
+    Group choices (`model=base`), `+`/`~` overrides, flags, Hydra's keys and what lies under
+    a free-form node (`trainer.*`, `callbacks.*`) are left to Hydra and the schemas."""
+    for override in overrides:
+        key, equals, _ = override.partition("=")
+        if not equals or override.startswith(("-", "+", "~")) or key in groups:
+            continue
+        if key.split(".")[0] == "hydra" or "/" in key or "@" in key:
+            continue
+        node: Any = schema
+        for depth, part in enumerate(key.split(".")):
+            fields = _fields_of(node)
+            if fields is None:  # a dict, Any or a list: anything goes under it
+                break
+            if part not in fields:
+                path = ".".join(key.split(".")[: depth + 1])
+                hint = did_you_mean(path, list(fields))
+                raise ConfigError(f"{key}: no such key{hint or ''} (`--cfg job` shows the keys)")
+            node = fields[part]
+
+
+def _fields_of(node: Any) -> dict[str, Any] | None:
+    """A dataclass's field types by name (through Optional), else None."""
+    hints_of = typing.get_type_hints
+    args = [a for a in typing.get_args(node) if a is not type(None)]
+    if typing.get_origin(node) in (typing.Union, types.UnionType) and len(args) == 1:
+        node = args[0]
+    if not (isinstance(node, type) and is_dataclass(node)):
+        return None
+    return hints_of(node)

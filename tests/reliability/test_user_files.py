@@ -564,3 +564,32 @@ def test_a_stalled_download_fails_in_bounded_time_naming_the_url(tmp_path, monke
     assert url in str(error.value) and "timed out" in str(error.value)
     assert elapsed < 30  # one timeout per file, not forever
     assert not list((tmp_path / "cache").rglob("*.gz"))
+
+
+@pytest.mark.parametrize(
+    ("command", "override", "words"),
+    [
+        ("train", "model.d_modle=8", "model.d_modle: no such key; did you mean model.d_model?"),
+        ("train", "sed=3", "sed: no such key; did you mean seed?"),
+        ("evaluate", "decode.nbset=2", "decode.nbset: no such key; did you mean decode.nbest?"),
+        ("translate", "batch_sise=8", "batch_sise: no such key; did you mean batch_size?"),
+        ("export", "quantisation=int8", "quantisation: no such key; did you mean quantization?"),
+        ("visualize", "sentense=hi", "sentense: no such key; did you mean sentence?"),
+        ("prepare", "data.max_token=9", "data.max_token: no such key; did you mean data.max_tok"),
+    ],
+)
+def test_a_mistyped_key_on_the_command_line_is_one_line_with_the_closest(
+    command, override, words, monkeypatch, capsys, tmp_path
+):
+    """Before Hydra composes (whose own message suggests nothing): the command's main, as
+    `aiayn <command>` runs it; the run directory is never made."""
+    import importlib
+
+    module = importlib.import_module(f"aiayn.cli.{command}")
+    monkeypatch.setattr(sys, "argv", [command, override, f"paths.log_dir={tmp_path}"])
+    with pytest.raises(SystemExit) as exit:
+        module.main()
+    assert exit.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {words}" or err.startswith(f"error: {words}"), err
+    assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,13 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, check_edits_of_unset_group, register
+from aiayn.config import (
+    CONF_DIR,
+    EvalConfig,
+    check_command_line,
+    check_edits_of_unset_group,
+    register,
+)
 from aiayn.errors import exit_if_jobs_failed, exit_on_error
 
 register()
@@ -26,6 +32,7 @@ def evaluate(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     exit_on_error(check_edits_of_unset_group)(sys.argv[1:], "data", WHY)
+    exit_on_error(check_command_line)(sys.argv[1:], EvalConfig)
     evaluate()
     exit_if_jobs_failed()  # a multirun's jobs all ran; say which failed
 

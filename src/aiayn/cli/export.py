@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, register
+from aiayn.config import CONF_DIR, check_command_line, register
 from aiayn.errors import exit_on_error
 from aiayn.export.config import ExportConfig
 from aiayn.export.ctranslate2 import export
@@ -30,8 +31,13 @@ register()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
 @exit_on_error
-def main(cfg: DictConfig) -> None:
+def command(cfg: DictConfig) -> None:
     run(cfg)
+
+
+def main() -> None:
+    exit_on_error(check_command_line)(sys.argv[1:], ExportConfig)
+    command()
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@ and test a model (conf/train.yaml; schema `aiayn.config.TrainConfig`)."""
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, register
+from aiayn.config import CONF_DIR, TrainConfig, check_command_line, register
 from aiayn.errors import exit_if_jobs_failed, exit_on_error
 
 register()
@@ -21,6 +23,7 @@ def train(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    exit_on_error(check_command_line)(sys.argv[1:], TrainConfig)
     train()
     exit_if_jobs_failed()  # a multirun's jobs all ran; say which failed
 

@@ -8,10 +8,12 @@ settings, with `decode` keys on top) unless `target` forces one.
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.config import CONF_DIR, register
+from aiayn.config import CONF_DIR, check_command_line, register
 from aiayn.errors import exit_on_error
 from aiayn.inference.attention import attention_example, save_pngs
 from aiayn.inference.checkpoint import load_checkpoint
@@ -35,8 +37,13 @@ register()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="visualize")
 @exit_on_error
-def main(cfg: DictConfig) -> None:
+def command(cfg: DictConfig) -> None:
     run(cfg)
+
+
+def main() -> None:
+    exit_on_error(check_command_line)(sys.argv[1:], VisualizeConfig)
+    command()
 
 
 if __name__ == "__main__":
