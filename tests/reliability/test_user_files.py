@@ -593,3 +593,63 @@ def test_a_mistyped_key_on_the_command_line_is_one_line_with_the_closest(
     err = capsys.readouterr().err.strip()
     assert err == f"error: {words}" or err.startswith(f"error: {words}"), err
     assert list(tmp_path.iterdir()) == []
+
+
+def _delete(path: Path) -> None:
+    path.unlink()
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 8])  # the array's last values lost
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"not an array")
+
+
+CACHE_FAULTS = {
+    "a deleted array": ("val.src.tokens.npy", _delete, "val.src.tokens.npy is damaged"),
+    "a truncated array": ("train.tgt.tokens.npy", _truncate, "train.tgt.tokens.npy is damaged"),
+    "a foreign file": ("test.src.offsets.npy", _garbage, "test.src.offsets.npy is damaged"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(CACHE_FAULTS))
+def test_a_damaged_data_cache_is_named_with_what_to_do(fault, tmp_path):
+    from aiayn.config import TrainConfig, to_schema
+    from aiayn.data.dataset import SplitDataset
+    from aiayn.data.prepare import prepare
+    from tests.helpers import compose_train, fast_overrides
+
+    overrides = [*fast_overrides(tmp_path), "data.toy.train_size=200"]
+    overrides += ["data.toy.val_size=20", "data.toy.test_size=20"]
+    data = to_schema(compose_train(overrides, tmp_path / "out"), TrainConfig).data
+    cache = prepare(data)
+    name, damage, words = CACHE_FAULTS[fault]
+    damage(cache / name)
+    role = name.split(".")[0]
+    with pytest.raises(AiaynError) as error:
+        dataset = SplitDataset(cache, role)
+        dataset[0]
+    assert words in str(error.value) and f"delete {cache} and run again" in str(error.value)
+
+
+def test_an_ensemble_member_with_another_vocabulary_is_named(ckpt, tmp_path):
+    """A checkpoint whose tokenizer is not the first member's: one line naming it, before
+    anything decodes (members must share one vocabulary)."""
+    from aiayn.data.tokenizer import TokenizerConfig, Tokenizers, train_tokenizer
+    from aiayn.inference.ct2 import load_ensemble
+
+    other = tmp_path / "other.ckpt"
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    texts = ["the small corpus", "of another tokenizer", "with its own merges"] * 20
+    config = TokenizerConfig(vocab_size=checkpoint["hyper_parameters"]["model"]["src_vocab_size"])
+    retrained = Tokenizers(
+        train_tokenizer(texts, TokenizerConfig(**{**config.__dict__, "min_frequency": 1}))
+    )
+    checkpoint["tokenizers"] = retrained.state()
+    torch.save(checkpoint, other)
+    with pytest.raises(AiaynError) as error:
+        load_ensemble([str(ckpt), str(other)], "cpu")
+    assert str(other) in str(error.value) and "\n" not in str(error.value)

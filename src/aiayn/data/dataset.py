@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from aiayn.data.sampler import BatchPlan
 from aiayn.data.special import BOS, EOS, PAD
+from aiayn.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,29 @@ class SplitDataset(Dataset):
         self._len = len(self._load("src.offsets")) - 1
 
     def _load(self, name: str) -> np.ndarray:
-        return np.load(self.directory / f"{self.role}.{name}.npy", mmap_mode="r")
+        path = self.directory / f"{self.role}.{name}.npy"
+        try:
+            return np.load(path, mmap_mode="r")
+        except (OSError, ValueError, EOFError) as error:  # missing, truncated, not an array
+            raise self._damaged(path, error) from None
+
+    def _damaged(self, path: Path, what: object) -> DataError:
+        return DataError(
+            f"data cache file {path} is damaged ({what}): delete {self.directory} and run again "
+            "to prepare it anew"
+        )
 
     @property
     def arrays(self) -> dict[str, np.ndarray]:
         if self._arrays is None:
             names = ("src.tokens", "src.offsets", "tgt.tokens", "tgt.offsets")
-            self._arrays = {name: self._load(name) for name in names}
+            arrays = {name: self._load(name) for name in names}
+            for side in ("src", "tgt"):  # the offsets end where the tokens do
+                tokens, offsets = arrays[f"{side}.tokens"], arrays[f"{side}.offsets"]
+                if len(offsets) != self._len + 1 or int(offsets[-1]) != len(tokens):
+                    path = self.directory / f"{self.role}.{side}.tokens.npy"
+                    raise self._damaged(path, f"{len(tokens)} tokens, offsets end at {offsets[-1]}")
+            self._arrays = arrays
         return self._arrays
 
     def __getstate__(self) -> dict:
