@@ -132,6 +132,7 @@ def test_the_readme_shows_commands_of_every_entry_point():
     assert len(COMMANDS) >= 20
 
 
+@pytest.mark.slow  # ~30 s of composing: CI's slow layer runs it (as the docs pages' checks)
 @pytest.mark.parametrize(("entry", "args"), COMMANDS, ids=[" ".join(a) for _, a in COMMANDS])
 def test_readme_command_composes_and_validates(entry, args, tmp_path):
     check_command(entry, args, tmp_path)

@@ -29,7 +29,10 @@ def test_every_shipped_config_composes_and_validates(group, option, tmp_path):
     assert isinstance(config, TrainConfig)
 
 
-@pytest.mark.parametrize("sweep", _options("sweep"))
+@pytest.mark.parametrize(  # table3 composes every row of the paper's table: the slow layer
+    "sweep",
+    [s if s != "table3" else pytest.param(s, marks=pytest.mark.slow) for s in _options("sweep")],
+)
 def test_every_named_sweep_defines_a_grid_of_valid_settings(sweep, tmp_path):
     """Each value of each swept key composes into a valid TrainConfig (so a misspelt key such
     as `model.num_head` or an impossible value fails here, not after a sweep launched)."""
