@@ -121,10 +121,9 @@ def check_override_keys(overrides: list[str], schema: type, groups: set[str]) ->
 
 def _fields_of(node: Any) -> dict[str, Any] | None:
     """A dataclass's field types by name (through Optional), else None."""
-    hints_of = typing.get_type_hints
     args = [a for a in typing.get_args(node) if a is not type(None)]
     if typing.get_origin(node) in (typing.Union, types.UnionType) and len(args) == 1:
         node = args[0]
     if not (isinstance(node, type) and is_dataclass(node)):
         return None
-    return hints_of(node)
+    return typing.get_type_hints(node)

@@ -8,7 +8,7 @@ key. The YAML files in `conf/data/` hold only these keys."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Dict, Optional  # noqa: UP035 (OmegaConf structured configs)
 
 from aiayn.data.checks import ROLES, positive_int
@@ -154,7 +154,6 @@ class DataConfig:
                 log.warning("data.%s is deprecated: use data.%s (applied: %r)", old, new, value)
                 setattr(settings, key, value)
             setattr(self, old, None)
-            setattr(self, owner, type(settings)(**asdict(settings)))  # checked again
 
     @property
     def split_names(self) -> Dict[str, str]:  # noqa: UP006
