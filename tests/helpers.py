@@ -168,3 +168,27 @@ def wandb_history(path: Path) -> dict[str, list]:
         for key, value in row.items():
             history.setdefault(key, []).append(value)
     return history
+
+
+# what differs between two runs of the same config: timings, and the resume record
+TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
+TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
+
+
+def reported(run: Path) -> dict:
+    """metrics.json without timings and the resume record; paths relative to the run."""
+    import json
+
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["fit"] = {k: v for k, v in metrics["fit"].items() if k not in TIMED}
+    text = json.dumps({k: v for k, v in metrics.items() if k not in TIMINGS})
+    return json.loads(text.replace(str(run), "<run>"))
+
+
+def rounded(value):
+    """`value` with every float rounded to 4 decimals (dicts walked)."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value

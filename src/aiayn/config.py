@@ -43,6 +43,7 @@ from aiayn.schema import (
     to_schema,
 )
 from aiayn.training.config import OPTIMIZABLE, TEST_CKPTS, TrainConfig, check_trainer_kwargs
+from aiayn.training.sweep_resume import attempted_before
 
 __all__ = [
     "CONF_DIR",
@@ -123,6 +124,12 @@ def new_run_dir(path: str) -> str:
     return _CLAIMED[key]
 
 
+def sweep_dir(resume: str | None, default: str) -> str:
+    """Hydra's `sweep.dir`: the multirun `resume_sweep` names (aiayn.training.sweep_resume),
+    else a new directory claimed from `default` (`new_run_dir`)."""
+    return str(resume) if resume else new_run_dir(default)
+
+
 def _claim_dir(base: Path) -> str:
     base.parent.mkdir(parents=True, exist_ok=True)
     candidate, attempt = base, 0
@@ -152,20 +159,30 @@ def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> No
 _RESUME_SUBDIRS: dict[str, str] = {}
 
 
-def resume_output_subdir(ckpt_path: str | None, train: bool = True) -> str | None:
+def resume_output_subdir(
+    ckpt_path: str | None,
+    train: bool = True,
+    resume_sweep: str | None = None,
+    job_dir: str | None = None,
+) -> str | None:
     """Hydra's `output_subdir` (where it saves config.yaml and overrides.yaml): `.hydra`, or
     for a resumed run `.hydra/resume-<time>`, so that resuming never rewrites the original
-    run's record (the files its README commands reuse). One name per process. None (no
-    record) on the other ranks of a `torchrun`/`srun` launch: rank 0 writes the run's."""
+    run's record (the files its README commands reuse); the same for a job of a resumed
+    sweep (`resume_sweep`) whose directory `job_dir` holds an earlier attempt. One name per
+    run or job in a process. None (no record) on the other ranks of a `torchrun`/`srun`
+    launch: rank 0 writes the run's."""
     launch = external_launch()
     if launch is not None and launch.rank != 0:
         return None
-    if _resumed_run(ckpt_path, train) is None:
-        return ".hydra"
-    if ckpt_path not in _RESUME_SUBDIRS:
-        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        _RESUME_SUBDIRS[ckpt_path] = f".hydra/resume-{stamp}"
-    return _RESUME_SUBDIRS[ckpt_path]
+    key = f"{ckpt_path}|{job_dir if resume_sweep else ''}"
+    if key not in _RESUME_SUBDIRS:
+        resumed = _resumed_run(ckpt_path, train) is not None
+        if resumed or attempted_before(job_dir, resume_sweep):
+            stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            _RESUME_SUBDIRS[key] = f".hydra/resume-{stamp}"
+        else:
+            _RESUME_SUBDIRS[key] = ".hydra"
+    return _RESUME_SUBDIRS[key]
 
 
 def accumulate_for(
@@ -207,6 +224,7 @@ def register() -> None:
     # cached in the config, so that a job process that resolves its sweep directory again
     # (submitit pickles each job's config) gets the one the launcher claimed
     OmegaConf.register_new_resolver("aiayn_new_dir", new_run_dir, replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("aiayn_sweep_dir", sweep_dir, replace=True, use_cache=True)
     OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
     OmegaConf.register_new_resolver("aiayn_processes", process_count, replace=True)

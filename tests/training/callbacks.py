@@ -19,6 +19,18 @@ class KillAtStep(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class KillJobAtStep(KillAtStep):
+    """KillAtStep in the Hydra multirun job whose number the environment's
+    `AIAYN_TEST_KILL_JOB` gives (a sweep killed in that job); never without it, so a
+    relaunch with the same overrides runs on."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if os.environ.get("AIAYN_TEST_KILL_JOB") == str(HydraConfig.get().job.num):
+            super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+
 class KillInValidationAt(L.Callback):
     """SIGKILL the process in the middle of the validation that runs at update `step`
     (after its first validation batch), i.e. before that validation's checkpoints."""

@@ -11,10 +11,13 @@ import torch
 
 from tests.helpers import (
     REPO,
+    TIMED,
     cli,
     cli_overrides,
     csv_metrics,
     read_wandb_records,
+    reported,
+    rounded,
     run_dirs,
     wandb_rows,
 )
@@ -100,7 +103,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     load = lambda p: torch.load(p, weights_only=True)  # noqa: E731
     assert load(best_a)["global_step"] == load(best_b)["global_step"]
     assert _max_diff(_weights(best_a), _weights(best_b)) <= 1e-6
-    assert _rounded(_reported(straight_run)) == _rounded(_reported(run))
+    assert rounded(reported(straight_run)) == rounded(reported(run))
     for metric in ("val/loss", "val/bleu", "train/loss", "train/lr"):
         a, b = csv_metrics(straight_run)[metric], csv_metrics(run)[metric]
         assert a == pytest.approx(b, abs=1e-5), metric
@@ -130,10 +133,6 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
             assert drawn[0] == drawn[1] and len(drawn[0]) == 3
 
 
-TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
-TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
-
-
 def _tensorboard(run, tags) -> dict[str, list[tuple[int, float]]]:
     """tag -> (step, value) of a run's TensorBoard events as TensorBoard shows them (events a
     resumed writer purged are gone)."""
@@ -150,22 +149,6 @@ def _wandb_series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     names = {k for k in names if "path" not in k.rsplit("/", 1)[-1]}  # W&B's media file names
     names.discard("trainer/global_step")
     return {k: [(r["trainer/global_step"], r[k]) for r in rows if k in r] for k in names}
-
-
-def _reported(run) -> dict:
-    """metrics.json without timings and the resume record; paths relative to the run."""
-    metrics = json.loads((run / "metrics.json").read_text())
-    metrics["fit"] = {k: v for k, v in metrics["fit"].items() if k not in TIMED}
-    text = json.dumps({k: v for k, v in metrics.items() if k not in TIMINGS})
-    return json.loads(text.replace(str(run), "<run>"))
-
-
-def _rounded(value):
-    if isinstance(value, float):
-        return round(value, 4)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
 
 
 def test_resume_with_a_different_model_is_refused_before_any_work(tmp_path):

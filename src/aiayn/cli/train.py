@@ -18,8 +18,11 @@ register()
 @exit_on_error
 def train(cfg: DictConfig) -> float | None:
     from aiayn.training.run import objective, run
+    from aiayn.training.sweep_resume import resume_job
 
-    return objective(run(cfg), cfg.optimized_metric)  # for Hydra sweepers (optuna)
+    kept = resume_job(cfg)  # resume_sweep: a finished job's metrics; a stopped one resumes
+    metrics = kept if kept is not None else run(cfg)
+    return objective(metrics, cfg.optimized_metric)  # for Hydra sweepers (optuna)
 
 
 def main() -> None:

@@ -61,6 +61,9 @@ class TrainConfig:
     # fine-tune: a new run starting from this checkpoint's weights and tokenizer, with a fresh
     # optimizer, schedule and data position (fairseq --restore-file --reset-optimizer)
     init_from: Optional[str] = None  # noqa: UP045
+    # a multirun to relaunch (`-m` with its overrides): finished jobs kept, stopped ones
+    # resumed from their last.ckpt, the rest run (aiayn.training.sweep_resume)
+    resume_sweep: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
         if self.model.share_embeddings == "all" and not self.data.tokenizer.joint:
