@@ -67,9 +67,12 @@ def test_report_puts_each_row_beside_the_paper_with_verdicts(sweep):
 def test_cli_writes_the_report_into_the_first_directory(sweep, capsys):
     first, second = sweep
     main([str(first), str(second), "--paper", "table3"])
-    table = (first / "table3.md").read_text().splitlines()
+    text = (first / "table3.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("|")]
     assert table[0].startswith("| row | seeds | parameters |")
     assert len(table) == 2 + 6  # base, A_h1, C_N2, then the second part's rows
+    # under the table: where the base row's 3 seeds stop improving (3 validations: too few)
+    assert "Base row: still improving at update 30" in text
     a_h1 = next(line for line in table if line.startswith("| A_h1 "))
     assert "| -2.00 | -0.90 | same direction |" in a_h1
     assert a_h1.startswith("| A_h1 | 1 | 1,000 |")  # a count, not a mean
@@ -91,6 +94,37 @@ def test_paper_numbers_are_table_3(tmp_path):
     assert table3.PAPER["D_ls2"] == (5.47, 25.7)
     assert table3.PAPER["E_learned"] == (4.92, 25.7)
     assert len(table3.PAPER) == 19
+
+
+def test_a_rows_seed_ablation_is_a_seed_of_that_row(tmp_path):
+    """`ablation=base_seed1235` (a seed inside one grid, conf/ablation/) counts as a base seed."""
+    _job(tmp_path, "0", ["ablation=base"], 30.0, 6.0)
+    _job(tmp_path, "1", ["ablation=base_seed1235"], 31.0, 6.0)
+    _job(tmp_path, "2", ["ablation=A_h1"], 28.0, 6.5)
+    rows = {r["row"]: r for r in table3.report([tmp_path])}
+    assert list(rows) == ["base", "A_h1"]
+    assert rows["base"]["seeds"] == 2 and rows["base"]["val BLEU"] == pytest.approx(30.5)
+
+
+def _seeds(last_step: int) -> list[dict]:
+    """Three seeds of a val loss 2 + 100/step, offset by -0.01, 0, +0.01 (2σ = 0.02)."""
+    steps = range(100, last_step + 1, 100)
+    return [
+        {"curve": [{"step": s, "val/loss": 2 + 100 / s + offset} for s in steps]}
+        for offset in (-0.01, 0.0, 0.01)
+    ]
+
+
+def test_convergence_is_where_the_loss_falls_by_no_more_than_noise_over_the_window():
+    # the fall over the next 200 updates: 0.0202 from update 900, 0.0167 from 1000
+    assert table3.converged_at(_seeds(1500), window=200).startswith(
+        "converged at update 1000: the mean val loss of 3 seeds falls by 0.017 over the next "
+        "200 updates, within the seeds' noise (2σ 0.020)"
+    )
+    assert table3.converged_at(_seeds(800), window=200).startswith(
+        "still improving at update 800: the mean val loss of 3 seeds (2.125) fell by 0.042"
+    )
+    assert "needs >= 2 seeds" in table3.converged_at(_seeds(800)[:1])
 
 
 def test_without_base_seeds_there_is_no_noise_estimate():

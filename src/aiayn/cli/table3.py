@@ -5,6 +5,9 @@ the given multiruns (one job per `ablation=<row>` of conf/ablation/, several see
 allowed), and writes `table3.md`, `table3.csv`, `table3.png` and `table3_curves.png` into the
 first directory.
 
+A row's seeds are its jobs: `ablation=<row>` with different `seed=`s, or the ablation
+`<row>_seed<N>` (conf/ablation/base_seed1235.yaml: a seed inside one grid).
+
 Per row: its settings, parameters, val PPL and val BLEU (the last validation), test BLEU,
 wall clock, the paper's dev PPL/BLEU (newstest2013, Table 3 of Vaswani et al. 2017), our
 change against the sweep's `base` row next to the paper's change against its base, and a
@@ -12,6 +15,10 @@ verdict: `same direction`, `opposite`, or `within noise` when our change is no l
 noise, measured as twice the standard deviation of the base row's seeds (needs >= 2 base
 seeds; else every verdict says `no noise estimate`). A row whose paper change is zero gets
 `paper: no change` unless ours is within noise.
+
+Convergence (`converged_at`, a line under the table): the first validation after which the
+base row's mean val loss falls by no more than its seeds' noise (2σ) over the next
+`WINDOW` updates; else how much it still fell over the last window.
 
 `table3_curves.png`: one line of panels per Table 3 group (A, B, C, D, E, norm): val BLEU
 against updates and against wall-clock minutes, and val PPL against updates, for the base and
@@ -25,6 +32,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +106,7 @@ def read_jobs(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
             job = overrides_file.parent.parent
             overrides = yaml.safe_load(overrides_file.read_text()) or []
             row = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
+            row = None if row is None else re.sub(r"_seed\d+$", "", row)  # a seed of the row
             metrics_file = job / "metrics.json"
             if row is None or not metrics_file.is_file():
                 continue
@@ -145,6 +154,42 @@ def bands(jobs: list[dict[str, Any]], x: str, y: str) -> list[tuple[float, float
     return out
 
 
+WINDOW = 500  # updates over which the base row's val loss must still fall by more than noise
+
+
+def converged_at(jobs: list[dict[str, Any]], window: int = WINDOW) -> str:
+    """Where the seeds `jobs` (>= 2 with curves) stop improving: `converged at update U`
+    (the first validation after which the mean val loss falls by no more than 2σ of the
+    seeds, σ taken at U + window, over the next `window` updates), else `still improving`
+    with the last window's fall and noise."""
+    curves = [j["curve"] for j in jobs if j.get("curve")]
+    if len(curves) < 2:
+        return "convergence: needs >= 2 seeds with curves"
+    points = []
+    for same in zip(*curves, strict=False):
+        losses = [p["val/loss"] for p in same]
+        points.append((same[0]["step"], statistics.fmean(losses), 2 * statistics.stdev(losses)))
+    fall, noise = math.nan, math.nan
+    for step, loss, _ in points:
+        later = [p for p in points if p[0] >= step + window]
+        if not later:
+            break
+        _, later_loss, noise = later[0]
+        fall = loss - later_loss
+        if fall <= noise:
+            return (
+                f"converged at update {step}: the mean val loss of {len(curves)} seeds falls "
+                f"by {fall:.3f} over the next {window} updates, within the seeds' noise "
+                f"(2σ {noise:.3f})"
+            )
+    last = points[-1]
+    return (
+        f"still improving at update {last[0]}: the mean val loss of {len(curves)} seeds "
+        f"({last[1]:.3f}) fell by {fall:.3f} over the last {window} updates, more than the "
+        f"seeds' noise (2σ {noise:.3f})"
+    )
+
+
 def verdict(ours: float | None, paper: float | None, noise: float | None) -> str:
     if ours is None or paper is None:
         return ""
@@ -180,6 +225,8 @@ def report(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
         row = rows[name]
         paper = PAPER.get(name)
         line: dict[str, Any] = {"row": name, "seeds": len(row.jobs)}
+        if name == "base":
+            line["convergence"] = converged_at(row.jobs)
         for key in ("parameters", "val PPL", "val BLEU", "test BLEU", "minutes"):
             line[key] = row.mean(key)
         if line["parameters"] is not None:  # the same for every seed of a row
@@ -213,6 +260,8 @@ def write(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     md = out_dir / "table3.md"
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(c), c) for c in COLUMNS) + " |" for r in rows]
+    base = next((r for r in rows if r["row"] == "base"), {})
+    lines += ["", f"Base row: {base.get('convergence', '')}"]
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     table = out_dir / "table3.csv"
     with open(table, "w", newline="", encoding="utf-8") as file:
@@ -266,7 +315,9 @@ def plot_curves(multirun_dirs: list[Path], path: Path) -> Path | None:
                     delta = paper[index] - PAPER["base"][index]
                     ax.plot([xs[-1]], [base_end + delta], marker="D", color=color, alpha=0.7)
             ax.set_xlabel(label)
-            ax.set_ylabel({"val/bleu": "val BLEU", "val/ppl": "val PPL"}[y])
+            ax.set_ylabel({"val/bleu": "val BLEU", "val/ppl": "val PPL (log scale)"}[y])
+            if y == "val/ppl":  # early and diverged rows span decades
+                ax.set_yscale("log")
             ax.set_title(f"{group}: {y} against {label}", fontsize=9)
             ax.grid(alpha=0.3)
         axis_row[0].legend(fontsize=7, loc="lower right")
