@@ -1,7 +1,7 @@
 """The same Multi30k text for every framework, and one scorer for all of them.
 
     python benchmarks/peers/text.py export --out <dir>    # <split>.bpe.{en,de}, vocab.txt
-    python benchmarks/peers/text.py score --hyp <file> [--pieces] [--split test2016]
+    python benchmarks/peers/text.py score --hyp <file> [--pieces] [--split test2016 | --ref <file>]
 
 `export` prepares `experiment=multi30k_cpu`'s data (its shared, lowercased 8k BPE, trained
 exactly as `python train.py experiment=multi30k_cpu` trains it) and writes each split as
@@ -52,6 +52,9 @@ def export(out: Path) -> None:
     for split in SPLITS:
         for lang in (data.src_lang, data.tgt_lang):
             lines = (root() / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+            # a tab inside a line (one in train.de) would make a piece the peers' tab-separated
+            # vocabulary files cannot hold
+            lines = [line.replace("\t", " ") for line in lines]
             pieces = [" ".join(e.tokens) for e in tokenizer.encode_batch(lines)]
             (out / f"{split}.bpe.{lang}").write_text("\n".join(pieces) + "\n", encoding="utf-8")
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
@@ -64,15 +67,15 @@ def join_pieces(line: str) -> str:
     return "".join(line.split()).replace("▁", " ").strip()
 
 
-def score(hyp: Path, split: str, lang: str, pieces: bool) -> dict:
+def score(hyp: Path, ref: Path, lang: str, pieces: bool) -> dict:
     from aiayn.inference.evaluation import score as bleu
 
     hypotheses = hyp.read_text(encoding="utf-8").splitlines()
     if pieces:
         hypotheses = [join_pieces(line) for line in hypotheses]
-    references = (root() / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+    references = ref.read_text(encoding="utf-8").splitlines()
     if len(hypotheses) != len(references):
-        raise SystemExit(f"{hyp}: {len(hypotheses)} lines, {split}.{lang} has {len(references)}")
+        raise SystemExit(f"{hyp}: {len(hypotheses)} lines, {ref} has {len(references)}")
     result = bleu(hypotheses, references, lang)
     return {"bleu_tok": result["bleu_tok"], "signature": result["bleu_tok_signature"]}
 
@@ -86,12 +89,14 @@ def main() -> None:
     scorer.add_argument("--hyp", type=Path, required=True)
     scorer.add_argument("--split", default="test2016", choices=SPLITS[1:])
     scorer.add_argument("--lang", default="de")
+    scorer.add_argument("--ref", type=Path, help="default: $MULTI30K_ROOT/<split>.<lang>")
     scorer.add_argument("--pieces", action="store_true")
     args = parser.parse_args()
     if args.command == "export":
         export(args.out)
     else:
-        print(json.dumps(score(args.hyp, args.split, args.lang, args.pieces)))
+        ref = args.ref or root() / f"{args.split}.{args.lang}"
+        print(json.dumps(score(args.hyp, ref, args.lang, args.pieces)))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,16 @@ import signal
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from aiayn.errors import ConfigError
-from aiayn.training.sweep_resume import check_relaunch, config_differences, job_overrides
+from aiayn.training.sweep_resume import (
+    _check_same_job,
+    _set_aside,
+    check_relaunch,
+    config_differences,
+    job_overrides,
+)
 from tests.helpers import (
     cli,
     cli_overrides,
@@ -91,6 +97,38 @@ def test_config_differences_name_dotted_keys_and_skip_the_resume_keys():
     old = {"a": {"b": 1, "c": "${x}"}, "resume_sweep": None, "ckpt_path": None}
     new = {"a": {"b": 2, "c": "${x}", "d": 0}, "resume_sweep": "/s", "ckpt_path": "/l.ckpt"}
     assert config_differences(old, new) == ["a.b: 1 -> 2", "a.d: '(not set)' -> 0"]
+
+
+def test_a_job_whose_config_file_changed_is_refused_naming_the_key(tmp_path):
+    """An edited conf/ablation/ file changes one job's config, not the grid."""
+    job = tmp_path / "3"
+    (job / ".hydra").mkdir(parents=True)
+    first, now = (
+        compose_with_hydra("train", overrides)
+        for overrides in (["ablation=A_h1"], ["ablation=A_h1", "model.num_heads=2"])
+    )
+    for config in (first, now):  # a job's config, as Hydra hands it to the job
+        with open_dict(config):
+            del config["hydra"]
+    OmegaConf.save(["ablation=A_h1"], job / ".hydra" / "overrides.yaml")
+    OmegaConf.save(first, job / ".hydra" / "config.yaml")
+    with pytest.raises(ConfigError, match=r"config changed .*model\.num_heads: 1 -> 2"):
+        _check_same_job(job, now, ["ablation=A_h1", f"resume_sweep={tmp_path}"])
+    with pytest.raises(ConfigError, match="ran with the overrides ablation=A_h1"):
+        _check_same_job(job, now, ["ablation=A_h2"])
+
+
+def test_a_job_stopped_before_its_first_checkpoint_is_set_aside(tmp_path):
+    """Its CSV rows and records move into interrupted-<time>/; .hydra and the log stay."""
+    job = tmp_path / "1"
+    for name in (".hydra/config.yaml", "csv/metrics.csv", "samples.jsonl", "train.log", "FAILED"):
+        (job / name).parent.mkdir(parents=True, exist_ok=True)
+        (job / name).write_text(name)
+    _set_aside(job)
+    (aside,) = job.glob("interrupted-*")
+    assert sorted(p.name for p in job.iterdir()) == sorted([".hydra", "train.log", aside.name])
+    assert (aside / "csv" / "metrics.csv").read_text() == "csv/metrics.csv"
+    assert sorted(p.name for p in aside.iterdir()) == ["FAILED", "csv", "samples.jsonl"]
 
 
 def test_resume_sweep_without_multirun_is_one_line(tmp_path):

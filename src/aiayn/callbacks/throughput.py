@@ -2,8 +2,9 @@
 of training time, summed over ranks (validation time does not count); `train/mfu`, the model
 FLOP utilisation: the step's matrix-product FLOPs (3 x `forward_flops` of the padded batch)
 per second over the matrix-multiply peak measured on this device in the training precision
-at the start of fitting; and `train/elapsed_min`, wall-clock minutes since this process
-started fitting (validation included), the x axis of the curves in `experiments/`."""
+at the start of fitting; and `train/elapsed_min`, wall-clock minutes of fitting (validation
+included; a resumed run continues from its checkpoint's minutes), the x axis of the curves in
+`experiments/`."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class Throughput(L.Callback):
         self._last: float | None = None
         self._start: float | None = None
         self.peak_flops: float | None = None  # per device, measured at fit start
+        self._before = 0.0  # minutes of fitting in the attempts before this one (resume)
+        self._minutes = 0.0  # the last train/elapsed_min logged
 
     def mean_rate(self, world_size: int) -> float | None:
         """Mean tokens per second of the run, all ranks (this rank's rate x ranks)."""
@@ -73,8 +76,15 @@ class Throughput(L.Callback):
                 pl_module.model_config, *batch.src.shape, batch.tgt_in.size(1)
             )
             log_host(pl_module, "train/mfu", flops / elapsed / self.peak_flops)
-        minutes = (now - (self._start or now)) / 60.0
-        log_host(pl_module, "train/elapsed_min", minutes, reduce_fx="max")
+        self._minutes = self._before + (now - (self._start or now)) / 60.0
+        log_host(pl_module, "train/elapsed_min", self._minutes, reduce_fx="max")
+
+    def state_dict(self) -> dict[str, float]:
+        return {"elapsed_min": self._minutes}
+
+    def load_state_dict(self, state_dict: dict[str, float]) -> None:
+        """A resumed run's minutes continue from the checkpoint's."""
+        self._before = self._minutes = float(state_dict.get("elapsed_min", 0.0))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last = None  # validation time is not training throughput

@@ -177,12 +177,13 @@ def resume_job(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 def _check_same_job(job: Path, cfg: DictConfig, overrides: list[str]) -> None:
+    """Refuse a job whose overrides or composed config differ from its first attempt's."""
     first = job / ".hydra"
-    before = OmegaConf.to_container(OmegaConf.load(first / "overrides.yaml"))
+    before = [str(o) for o in OmegaConf.load(first / "overrides.yaml") if not _is_resume(str(o))]
     now = [o for o in overrides if not _is_resume(o)]
-    if [o for o in before if not _is_resume(o)] != now:  # type: ignore[union-attr]
+    if before != now:
         raise ConfigError(
-            f"{job} ran with the overrides {' '.join(before)}, and this launch gives its job "  # type: ignore[arg-type]
+            f"{job} ran with the overrides {' '.join(before)}, and this launch gives its job "
             f"{' '.join(now)}: relaunch the sweep with its own overrides"
         )
     saved = OmegaConf.to_container(OmegaConf.load(first / "config.yaml"))
@@ -200,7 +201,9 @@ def _set_aside(job: Path) -> None:
     new attempt's."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     aside = job / f"interrupted-{stamp}"
-    moved = [p for p in job.iterdir() if p.name != ".hydra" and not p.name.startswith("interr")]
+    moved = [
+        p for p in job.iterdir() if p.name != ".hydra" and not p.name.startswith("interrupted-")
+    ]
     moved = [p for p in moved if p.suffix != ".log"]  # the running job's log file is open
     if not moved:
         return

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# eole against aiayn's multi30k_cpu, setting 1 (same model and recipe): the whole command,
+# timed by stage (benchmarks/peers/common.sh), on a quiet machine, alone:
+#   bash benchmarks/peers/install.sh eole      # its venv, once
+#   MULTI30K_ROOT=<dir> bash benchmarks/peers/eole/run.sh
+# Result: $PEER_WORK/result.json (default /tmp/peer_eole), eole's logs beside it.
+PEER_WORK=${PEER_WORK:-/tmp/peer_eole}
+source "$(dirname "$0")/../common.sh"
+EOLE=$PEERS_DIR/eole/venv/bin/eole
+if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 SAVE=100 MAXLEN=250 REPORT=50; fi
+
+prepare() {
+  sed -e "s#PEER_WORK#$PEER_WORK#g; s#PEER_TEXT#$PEER_WORK/text#g; s#PEER_STEPS#$STEPS#g" \
+    -e "s#save_checkpoint_steps: 100#save_checkpoint_steps: $SAVE#; s#report_every: 50#report_every: $REPORT#" \
+    "$PEERS/eole/same_model.yaml" > config.yaml
+  "$EOLE" build_vocab -config config.yaml -n_sample -1 > vocab.log 2>&1
+}
+
+train() {  # eole has no wall-clock limit: stopped at the budget, the last checkpoint kept
+  train_timed "$BUDGET" "$EOLE" train -config config.yaml
+  CKPT=$(ls -d model/step_* | sort -t_ -k2 -n | tail -1)  # the last one saved
+}
+
+decode() {  # beam 4, GNMT length penalty alpha
+  "$EOLE" predict -model_path "$CKPT" -src "text/$1.bpe.en" -output "$3" -beam_size 4 \
+    -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
+    > "predict.$1.$2.log" 2>&1
+}
+
+run_peer eole "same model and recipe"

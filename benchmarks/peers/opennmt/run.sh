@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# OpenNMT-py against aiayn's multi30k_cpu, setting 1 (same model and recipe): the whole
+# command, timed by stage (benchmarks/peers/common.sh), on a quiet machine, alone:
+#   bash benchmarks/peers/install.sh opennmt_py      # its venv, once
+#   MULTI30K_ROOT=<dir> bash benchmarks/peers/opennmt/run.sh
+# Result: $PEER_WORK/result.json (default /tmp/peer_opennmt), OpenNMT-py's logs beside it.
+PEER_WORK=${PEER_WORK:-/tmp/peer_opennmt}
+source "$(dirname "$0")/../common.sh"
+ONMT=$PEERS_DIR/opennmt-py/venv/bin
+if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 SAVE=100 MAXLEN=250 REPORT=50; fi
+
+prepare() {
+  sed -e "s#PEER_WORK#$PEER_WORK#g; s#PEER_TEXT#$PEER_WORK/text#g" \
+    -e "s#PEER_STEPS#$STEPS#; s#PEER_SAVE#$SAVE#; s#report_every: 50#report_every: $REPORT#" \
+    "$PEERS/opennmt/same_model.yaml" > config.yaml
+  mkdir -p model
+  "$ONMT/onmt_build_vocab" -config config.yaml -n_sample -1 > vocab.log 2>&1
+}
+
+train() {  # no wall-clock limit of its own: stopped at the budget, the last checkpoint kept
+  train_timed "$BUDGET" "$ONMT/onmt_train" -config config.yaml
+  CKPT=$(ls model/model_step_*.pt | sort -t_ -k3 -n | tail -1)
+}
+
+decode() {  # beam 4, GNMT length penalty alpha
+  "$ONMT/onmt_translate" -model "$CKPT" -src "text/$1.bpe.en" -output "$3" -beam_size 4 \
+    -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
+    > "translate.$1.$2.log" 2>&1
+}
+
+run_peer opennmt-py "same model and recipe"
