@@ -171,7 +171,12 @@ def wandb_history(path: Path) -> dict[str, list]:
 
 
 # what differs between two runs of the same config: timings, and the resume record
-TIMINGS = ("wall_clock_min", "train_tokens_per_sec", "resumed_from")
+TIMINGS = (
+    "wall_clock_min",
+    "train_tokens_per_sec",
+    "train_target_tokens_per_sec",
+    "resumed_from",
+)
 TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
 
 

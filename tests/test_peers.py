@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from aiayn.kernels.machine import cpu_model
 from tests.helpers import REPO
 
 PEERS = REPO / "benchmarks" / "peers"
@@ -35,7 +36,7 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "framework, lines, updates, rate",
+    "framework, log, updates, rate",
     [
         (
             "eole",
@@ -47,6 +48,12 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
             ],
             100,
             2900.0,
+        ),
+        (  # aiayn's own record of the run, not a log to parse
+            "aiayn",
+            {"updates": 2459, "train_target_tokens_per_sec": 1350.5},
+            2459,
+            1350.5,
         ),
         (
             "fairseq",
@@ -60,16 +67,56 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
             100,
             1550.5,
         ),
+        (  # stopped at the budget (SIGINT): the interrupt names the last update
+            "joeynmt",
+            [
+                "2026-11-26 10:01:00,123 - INFO - joeynmt.training - Epoch   1, Step:       50, "
+                "Batch Loss:  1234.567890, Batch Acc: 0.051234, Tokens per Sec:      950, "
+                "Lr: 0.000147",
+                "2026-11-26 10:02:00,456 - INFO - joeynmt.training - Epoch   1, Step:      100, "
+                "Batch Loss:  1034.567890, Batch Acc: 0.101234, Tokens per Sec:     1050, "
+                "Lr: 0.000297",
+                "2026-11-26 10:02:30,789 - INFO - joeynmt.training - Interrupt at epoch 1, step "
+                "123.",
+            ],
+            123,
+            1000.0,
+        ),
+        (  # sentences/s x 4 target tokens a sentence (the text below: 2 and 4 pieces + EOS)
+            "sockeye",
+            [
+                "[INFO:sockeye.training] E=0 B=50\ts/sec=100.50 tok/sec=2010.00 u/sec=1.02\t"
+                "ppl=2251.373215 ",
+                "[INFO:sockeye.training] E=0 B=100\ts/sec=110.50 tok/sec=2210.00 u/sec=1.01\t"
+                "ppl=812.004100 ",
+                "[INFO:sockeye.training] Checkpoint [1]\tUpdates=100 Epoch=0 Samples=7400 "
+                "Time-cost=98.123 Updates/sec=1.019",
+                "[INFO:sockeye.training] E=0 B=150\ts/sec=120.50 tok/sec=2410.00 u/sec=0.99\t"
+                "ppl=402.310000 ",
+                "[INFO:sockeye.training] Checkpoint [2]\tUpdates=200 Epoch=0 Samples=14800 "
+                "Time-cost=99.456 Updates/sec=1.005",
+                "[INFO:sockeye.training] Maximum # of seconds (3300) reached. Training ran for "
+                "3321 seconds.",
+            ],
+            200,
+            442.0,
+        ),
     ],
 )
 def test_a_peer_result_reads_updates_and_target_rate_from_the_peers_own_log(
-    tmp_path, framework, lines, updates, rate
+    tmp_path, framework, log, updates, rate
 ):
-    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    if framework == "aiayn":
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "metrics.json").write_text(json.dumps(log))
+    else:
+        (tmp_path / "train.log").write_text("\n".join(log) + "\n")
+    (tmp_path / "text").mkdir()  # the exported target text (a rate in sentences needs it)
+    (tmp_path / "text" / "train.bpe.de").write_text("▁zwei ▁hunde\n▁ein ▁mann ▁läuft .\n")
     (tmp_path / "train.time").write_text("\tMaximum resident set size (kbytes): 1048576\n")
     (tmp_path / "stages.tsv").write_text("text\t20\ntrain\t3300\ntest\t90\n")
     args = ["--framework", framework, "--setting", "same", "--alpha", "1.5", "--val", "33.1"]
-    args += ["--test", "35.2", "--smoke", "0"]
+    args += ["--test", "35.2", "--smoke", "0", "--version", "1.2.3", "--no-measure"]
     done = subprocess.run(
         [sys.executable, str(PEERS / "result.py"), str(tmp_path), *args],
         capture_output=True,
@@ -81,3 +128,40 @@ def test_a_peer_result_reads_updates_and_target_rate_from_the_peers_own_log(
     assert (result["updates"], result["target_tokens_per_sec"]) == (updates, rate)
     assert result["peak_rss_mib"] == 1024 and result["stages_s"]["train"] == 3300
     assert (result["alpha"], result["val_bleu_tok"], result["test_bleu_tok"]) == (1.5, 33.1, 35.2)
+    assert result["version"] == "1.2.3" and result["machine"]["cpu"] == cpu_model()
+    assert len(result["machine"]["aiayn_git_sha"]) >= 7
+
+
+def _result(framework, test, smoke=False):
+    return {
+        "framework": framework,
+        "setting": "same model and recipe",
+        "version": "0.6.4",
+        "smoke_test": smoke,
+        "updates": 3412,
+        "target_tokens_per_sec": 1814.64,
+        "peak_rss_mib": 1533,
+        "alpha": 1.0,
+        "val_bleu_tok": 35.123,
+        "test_bleu_tok": test,
+        "stages_s": {"text": 6, "train": 3300, "choose_alpha_on_val": 240, "test": 60},
+        "machine": {"fp32_gflops": 136.7},
+    }
+
+
+def test_the_peer_table_has_a_row_per_result_best_first_and_refuses_a_smoke_test(tmp_path):
+    table = _module("table")
+    paths = []
+    for name, test in (("eole", 33.0), ("fairseq", 36.25)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(_result(name, test)))
+    lines = table.table(paths).splitlines()
+    assert lines[0] == table.HEADER and len(lines) == 4
+    assert lines[2] == (
+        "| fairseq 0.6.4 | same model and recipe | 3,412 | 1,815 | 1,533 | 1 | 35.12 | 36.25 "
+        "| 0.1 / – / 55.0 / 4.0 / 1.0 | 136.7 |"
+    )
+    assert lines[3].startswith("| eole 0.6.4 |")
+    paths[0].write_text(json.dumps(_result("eole", 33.0, smoke=True)))
+    with pytest.raises(SystemExit, match=r"eole\.json: a SMOKE=1 result"):
+        table.table(paths)

@@ -1,6 +1,7 @@
 """result.json of a peer run (benchmarks/peers/common.sh): stages, updates and target tokens/s
-from the framework's own training log, peak RSS of training (`/usr/bin/time -v`), the chosen
-length setting and val/test BLEU."""
+from the framework's own training log (aiayn: its run's metrics.json), peak RSS of training
+(`/usr/bin/time -v`), the chosen length setting, val/test BLEU, the framework's version, this
+checkout's git SHA and the machine (CPU, flags, fp32 matmul peak measured after the run)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,59 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 from pathlib import Path
 
-# (last update, target tokens per second) as each framework logs them
+# (last update, target tokens per second) as each framework logs them; a third entry names
+# the unit the framework logs its rate in where that is not target tokens
 LOGS = {
     "eole": (r"Step (\d+)/", r"\d+/\s*(\d+) tok/s"),  # "<src>/<tgt> tok/s"
     "opennmt-py": (r"Step (\d+)/", r"\d+/\s*(\d+) tok/s"),
     # "| train | epoch 001 | ... | wps 1793.3 | ... | num_updates 20" (valid lines have a wps too)
     "fairseq": (r"num_updates (\d+)", r"\| train \|[^\n]*?\bwps ([\d.]+)"),
+    # "Epoch   3, Step:     1350, Batch Loss: ..., Tokens per Sec:     1234, Lr: ..." every 50
+    # updates (target tokens, validation time left out), and "Interrupt at epoch 7, step
+    # 3123." when run.sh stops it at the budget
+    "joeynmt": (r"(?:Step:\s+|Interrupt at epoch \d+, step )(\d+)", r"Tokens per Sec:\s+(\d+)"),
+    # "E=2 B=650\ts/sec=140.21 tok/sec=2710.50 u/sec=1.71\tppl=..." every 50 updates and
+    # "Checkpoint [7]\tUpdates=700 Epoch=2 ..." at each checkpoint; its tok/sec counts padded
+    # source tokens, so its sentences/s is taken (times the mean target length)
+    "sockeye": (r"(?:\bB=|\tUpdates=)(\d+)", r"\bB=\d+\s+s/sec=([\d.]+)", "sentences"),
 }
+
+
+def target_tokens_per_sentence(work: Path) -> float:
+    """Mean target tokens (pieces and EOS) of a training sentence, from `text.py export`'s
+    text in `work`: what converts a rate in sentences into one in target tokens."""
+    lines = (work / "text" / "train.bpe.de").read_text(encoding="utf-8").splitlines()
+    return statistics.fmean(len(line.split(" ")) + 1 for line in lines)
+
+
+def training(work: Path, framework: str) -> tuple[int | None, float | None]:
+    """(updates, mean target tokens per second) of the run in `work`."""
+    if framework == "aiayn":  # its own record of the run: <work>/run/metrics.json
+        metrics = json.loads((work / "run" / "metrics.json").read_text())
+        return metrics.get("updates"), metrics.get("train_target_tokens_per_sec")
+    log = (work / "train.log").read_text(errors="replace")
+    step_pattern, rate_pattern, *unit = LOGS[framework]
+    steps = [int(s) for s in re.findall(step_pattern, log)]
+    rates = [float(r) for r in re.findall(rate_pattern, log)]
+    rate = statistics.fmean(rates) if rates else None
+    if rate is not None and unit == ["sentences"]:
+        rate *= target_tokens_per_sentence(work)
+    return max(steps) if steps else None, rate
+
+
+def machine(measure: bool) -> dict:
+    """The CPU, its flags and measured fp32 peak (what benchmarks/machine.py prints), and this
+    checkout's git SHA."""
+    from aiayn.kernels.machine import cpu_flags, cpu_model, describe
+
+    info = describe() if measure else {"cpu": cpu_model(), "flags": " ".join(cpu_flags())}
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True
+    )
+    return {**info, "aiayn_git_sha": sha.stdout.decode().strip()}
 
 
 def main() -> None:
@@ -24,11 +69,10 @@ def main() -> None:
     parser.add_argument("work", type=Path)
     for key in ("framework", "setting", "alpha", "val", "test", "smoke"):
         parser.add_argument(f"--{key}", required=True)
+    parser.add_argument("--version", default=None, help="the framework's version")
+    parser.add_argument("--no-measure", action="store_true", help="skip the matmul peak")
     args = parser.parse_args()
-    log = (args.work / "train.log").read_text(errors="replace")
-    step_pattern, rate_pattern = LOGS[args.framework]
-    steps = [int(s) for s in re.findall(step_pattern, log)]
-    rates = [float(r) for r in re.findall(rate_pattern, log)]
+    updates, rate = training(args.work, args.framework)
     rss = re.search(
         r"Maximum resident set size \(kbytes\): (\d+)", (args.work / "train.time").read_text()
     )
@@ -36,14 +80,16 @@ def main() -> None:
     result = {
         "framework": args.framework,
         "setting": args.setting,
+        "version": args.version,
         "smoke_test": args.smoke == "1",
-        "updates": max(steps) if steps else None,
-        "target_tokens_per_sec": statistics.fmean(rates) if rates else None,
+        "updates": updates,
+        "target_tokens_per_sec": rate,
         "peak_rss_mib": round(int(rss.group(1)) / 1024) if rss else None,
         "alpha": float(args.alpha),
         "val_bleu_tok": float(args.val),
         "test_bleu_tok": float(args.test),
         "stages_s": {k: int(v) for k, v in (line.split("\t") for line in stages)},
+        "machine": machine(measure=not args.no_measure),
     }
     (args.work / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# eole against aiayn's multi30k_cpu, setting 1 (same model and recipe): the whole command,
-# timed by stage (benchmarks/peers/common.sh), on a quiet machine, alone:
+# eole against aiayn's multi30k_cpu: the whole command, timed by stage
+# (benchmarks/peers/common.sh), on a quiet machine, alone:
 #   bash benchmarks/peers/install.sh eole      # its venv, once
-#   MULTI30K_ROOT=<dir> bash benchmarks/peers/eole/run.sh
+#   MULTI30K_ROOT=<dir> [SETTING=own] bash benchmarks/peers/eole/run.sh
+# SETTING=same (default), setting 1: aiayn's model and recipe (same_model.yaml). SETTING=own,
+# setting 2: eole's own documented Transformer recipe, recipes/wmt17/wmt17_ende.yaml (a
+# Transformer big), scaled to the budget (own_recipe.yaml says what was changed and why).
+# Both decode with beam 4 and the alpha chosen on val (common.sh).
 # Result: $PEER_WORK/result.json (default /tmp/peer_eole), eole's logs beside it.
 PEER_WORK=${PEER_WORK:-/tmp/peer_eole}
 source "$(dirname "$0")/../common.sh"
 EOLE=$PEERS_DIR/eole/venv/bin/eole
-if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 SAVE=100 MAXLEN=250 REPORT=50; fi
+SETTING=${SETTING:-same}
+case "$SETTING" in  # the config, its checkpoint and report intervals (updates), the name
+  same) YAML=same_model.yaml SAVE=100 REPORT=50 NAME="same model and recipe" ;;
+  own) YAML=own_recipe.yaml SAVE=4 REPORT=1 NAME="eole's WMT17 recipe" ;;  # ~60 updates
+  *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
+esac
+if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 MAXLEN=250; fi
+
+version() { dist_version "$PEERS_DIR/eole/venv/bin/python" eole; }
 
 prepare() {
   sed -e "s#PEER_WORK#$PEER_WORK#g; s#PEER_TEXT#$PEER_WORK/text#g; s#PEER_STEPS#$STEPS#g" \
+    -e "s#PEER_SAVE#$SAVE#g; s#PEER_REPORT#$REPORT#g" \
     -e "s#save_checkpoint_steps: 100#save_checkpoint_steps: $SAVE#; s#report_every: 50#report_every: $REPORT#" \
-    "$PEERS/eole/same_model.yaml" > config.yaml
+    "$PEERS/eole/$YAML" > config.yaml
   "$EOLE" build_vocab -config config.yaml -n_sample -1 > vocab.log 2>&1
 }
 
@@ -27,4 +40,4 @@ decode() {  # beam 4, GNMT length penalty alpha
     > "predict.$1.$2.log" 2>&1
 }
 
-run_peer eole "same model and recipe"
+run_peer eole "$NAME"

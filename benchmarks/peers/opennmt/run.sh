@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# OpenNMT-py against aiayn's multi30k_cpu, setting 1 (same model and recipe): the whole
-# command, timed by stage (benchmarks/peers/common.sh), on a quiet machine, alone:
+# OpenNMT-py against aiayn's multi30k_cpu: the whole command, timed by stage
+# (benchmarks/peers/common.sh), on a quiet machine, alone:
 #   bash benchmarks/peers/install.sh opennmt_py      # its venv, once
-#   MULTI30K_ROOT=<dir> bash benchmarks/peers/opennmt/run.sh
+#   MULTI30K_ROOT=<dir> [SETTING=own] bash benchmarks/peers/opennmt/run.sh
+# SETTING=same (default), setting 1: aiayn's model and recipe (same_model.yaml). SETTING=own,
+# setting 2: OpenNMT-py's own documented Transformer recipe, the FAQ's "How do I train the
+# Transformer model?" (a Transformer base), scaled to the budget (own_recipe.yaml says what
+# was changed and why). Both decode with beam 4 and the alpha chosen on val (common.sh).
 # Result: $PEER_WORK/result.json (default /tmp/peer_opennmt), OpenNMT-py's logs beside it.
 PEER_WORK=${PEER_WORK:-/tmp/peer_opennmt}
 source "$(dirname "$0")/../common.sh"
 ONMT=$PEERS_DIR/opennmt-py/venv/bin
-if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 SAVE=100 MAXLEN=250 REPORT=50; fi
+SETTING=${SETTING:-same}
+case "$SETTING" in  # the config, its checkpoint and report intervals (updates), the name
+  same) YAML=same_model.yaml SAVE=100 REPORT=50 NAME="same model and recipe" ;;
+  own) YAML=own_recipe.yaml SAVE=10 REPORT=5 NAME="OpenNMT-py's FAQ Transformer recipe" ;;
+  *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
+esac
+if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 MAXLEN=250; fi
+
+version() { dist_version "$ONMT/python" OpenNMT-py; }
 
 prepare() {
   sed -e "s#PEER_WORK#$PEER_WORK#g; s#PEER_TEXT#$PEER_WORK/text#g" \
-    -e "s#PEER_STEPS#$STEPS#; s#PEER_SAVE#$SAVE#; s#report_every: 50#report_every: $REPORT#" \
-    "$PEERS/opennmt/same_model.yaml" > config.yaml
+    -e "s#PEER_STEPS#$STEPS#; s#PEER_SAVE#$SAVE#; s#PEER_REPORT#$REPORT#" \
+    -e "s#report_every: 50#report_every: $REPORT#" "$PEERS/opennmt/$YAML" > config.yaml
   mkdir -p model
   "$ONMT/onmt_build_vocab" -config config.yaml -n_sample -1 > vocab.log 2>&1
 }
@@ -28,4 +40,4 @@ decode() {  # beam 4, GNMT length penalty alpha
     > "translate.$1.$2.log" 2>&1
 }
 
-run_peer opennmt-py "same model and recipe"
+run_peer opennmt-py "$NAME"

@@ -32,19 +32,23 @@ def precision_dtype(precision: object) -> torch.dtype:
 
 class Throughput(L.Callback):
     """Logs `train/tokens_per_sec` every step and keeps this process's totals (`tokens`,
-    `seconds`) for the run's mean rate. Added to every run by `aiayn.training.run`."""
+    `target_tokens`, `seconds`) for the run's mean rates. Added to every run by
+    `aiayn.training.run`."""
 
     def __init__(self) -> None:
-        self.tokens, self.seconds = 0, 0.0
+        self.tokens, self.target_tokens, self.seconds = 0, 0, 0.0
         self._last: float | None = None
         self._start: float | None = None
         self.peak_flops: float | None = None  # per device, measured at fit start
         self._before = 0.0  # minutes of fitting in the attempts before this one (resume)
         self._minutes = 0.0  # the last train/elapsed_min logged
 
-    def mean_rate(self, world_size: int) -> float | None:
-        """Mean tokens per second of the run, all ranks (this rank's rate x ranks)."""
-        return self.tokens / self.seconds * world_size if self.seconds > 0 else None
+    def mean_rate(self, world_size: int, target_only: bool = False) -> float | None:
+        """Mean tokens per second of the run, all ranks (this rank's rate x ranks): source +
+        target tokens, or target tokens only (the rate fairseq's `wps` and OpenNMT's
+        `tok/s` report)."""
+        tokens = self.target_tokens if target_only else self.tokens
+        return tokens / self.seconds * world_size if self.seconds > 0 else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dtype = precision_dtype(trainer.precision)
@@ -67,6 +71,7 @@ class Throughput(L.Callback):
         self._last = now
         tokens = batch.num_src_tokens + batch.num_tgt_tokens
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
+        self.target_tokens += batch.num_tgt_tokens
         # summed over ranks, so on the module's device (NCCL has no CPU tensors), made there by
         # a fill: a copy of host data would wait for the device
         rate = torch.full((), tokens / elapsed, device=pl_module.device)

@@ -213,6 +213,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             rate = throughput.mean_rate(trainer.world_size)
             if rate is not None:
                 metrics["train_tokens_per_sec"] = rate
+                target_rate = throughput.mean_rate(trainer.world_size, target_only=True)
+                metrics["train_target_tokens_per_sec"] = target_rate
+            metrics["updates"] = trainer.global_step
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
             results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# JoeyNMT 2.3.0 against aiayn's multi30k_cpu, setting 1 (same model and recipe, the
+# differences in same_model.yaml): the whole command, timed by stage
+# (benchmarks/peers/common.sh), on a quiet machine, alone:
+#   bash benchmarks/peers/install.sh joeynmt      # its venv, once
+#   MULTI30K_ROOT=<dir> bash benchmarks/peers/joeynmt/run.sh
+# Result: $PEER_WORK/result.json (default /tmp/peer_joeynmt), JoeyNMT's logs beside it.
+PEER_WORK=${PEER_WORK:-/tmp/peer_joeynmt}
+source "$(dirname "$0")/../common.sh"
+JOEY=$PEERS_DIR/joeynmt/venv/bin/python
+if [ "$SMOKE" = 1 ]; then UPDATES=20 VALID=20 REPORT=5 MAXLEN=10; else
+  UPDATES=1000000 VALID=450 REPORT=50 MAXLEN=250; fi
+
+version() { dist_version "$JOEY" joeynmt; }
+
+prepare() {  # the config: JoeyNMT reads the text and vocab.txt itself
+  sed -e "s#PEER_WORK#$PEER_WORK#g; s#PEER_TEXT#$PEER_WORK/text#g" \
+    -e "s#updates: 1000000#updates: $UPDATES#; s#validation_freq: 450#validation_freq: $VALID#" \
+    -e "s#logging_freq: 50#logging_freq: $REPORT#" "$PEERS/joeynmt/same_model.yaml" > config.yaml
+}
+
+train() {  # no wall-clock limit of its own: SIGINT at the budget, on which it saves that
+  # update's weights (model/latest.ckpt); -t: no test decode after training
+  STOP_SIGNAL=INT train_timed "$BUDGET" "$JOEY" -m joeynmt train config.yaml -t
+}
+
+decode() {  # beam 4, GNMT length penalty: log p / ((5 + length) / 6)^alpha (joeynmt/search.py)
+  sed -e "/^  dev: /d; s#^  test: .*#  test: $PEER_WORK/text/$1.bpe#" \
+    -e "s#beam_alpha: .*#beam_alpha: $2#; s#max_output_length: .*#max_output_length: $MAXLEN#" \
+    config.yaml > "decode.$1.$2.yaml"
+  "$JOEY" -m joeynmt test "decode.$1.$2.yaml" -o "decode.$1.$2" > "test.$1.$2.log" 2>&1
+  mv "decode.$1.$2.test" "$3"  # its hypotheses of the `test` set, pieces joined by spaces
+}
+
+run_peer joeynmt "same model and recipe"

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sockeye 3.1.34 against aiayn's multi30k_cpu, setting 1 (same model and recipe): post-norm
+# Transformer 3+3 (no pre-processing, "drn" after each sublayer, no final LayerNorm), d_model
+# 256, 4 heads, d_ff 1024, dropout 0.1 on the residuals and on the embeddings (with their
+# positions), none on attention or after the ReLU, all embeddings shared, label smoothing
+# 0.1 as torch computes it (aiayn's), Adam (0.9, 0.98) with inv-sqrt-decay:
+# 0.033541 * min(1, t / 500) / sqrt(max(t, 500)) peaks at 1.5e-3 on update 500, batches of
+# <= 2 000 padded target tokens (max-word; buckets 8 tokens wide on both sides), seed 1234.
+# Differences Sockeye does not let us remove:
+# - --max-seconds is checked only at a checkpoint: training stops at the first one after the
+#   budget. A checkpoint (loss-only validation, no decoding) every 100 updates keeps that
+#   overshoot under 100 updates, where aiayn validates once an epoch (~280 updates here).
+# - its vocabulary is built from the training text's pieces (the shared 8k less pieces that
+#   never occur there, padded to a multiple of 8), not read from vocab.txt
+# - the last batch of each length bucket is filled up with random repeats of its sentences
+# - its tok/sec counts padded source tokens: result.py takes its sentences/s times the mean
+#   target length, and its 50-update windows include any checkpoint (validation) within
+# Whole command timed by stage, alone:
+#   bash benchmarks/peers/install.sh sockeye      # its venv, once
+#   MULTI30K_ROOT=<dir> bash benchmarks/peers/sockeye/run.sh
+# Result: $PEER_WORK/result.json (default /tmp/peer_sockeye), Sockeye's logs beside it.
+PEER_WORK=${PEER_WORK:-/tmp/peer_sockeye}
+source "$(dirname "$0")/../common.sh"
+SOCKEYE=$PEERS_DIR/sockeye/venv/bin
+# SMOKE=1: 50 updates, as Sockeye logs its speed every 50
+if [ "$SMOKE" = 1 ]; then STOP=(--max-updates 50 --checkpoint-interval 25) MAXLEN=10; else
+  STOP=(--max-seconds "$BUDGET" --checkpoint-interval 100) MAXLEN=250; fi
+
+version() { dist_version "$SOCKEYE/python" sockeye; }
+
+prepare() {  # shared vocabulary, length buckets; 250 positions, for the decode's 250 tokens
+  "$SOCKEYE/sockeye-prepare-data" -s text/train.bpe.en -t text/train.bpe.de --shared-vocab \
+    --max-seq-len 250:250 --bucket-width 8 -o prepared > prepare.log 2>&1
+}
+
+train() {  # Sockeye keeps its own clock; the timeout is only a safety net
+  train_timed "$((BUDGET + 900))" "$SOCKEYE/sockeye-train" -d prepared -vs text/val.bpe.en \
+    -vt text/val.bpe.de -o model --use-cpu --seed 1234 --num-layers 3 --num-embed 256 \
+    --transformer-model-size 256 --transformer-attention-heads 4 \
+    --transformer-feed-forward-num-hidden 1024 --transformer-preprocess "" \
+    --transformer-postprocess drn --weight-tying-type src_trg_softmax --embed-dropout 0 \
+    --transformer-dropout-prepost 0.1 --transformer-dropout-attention 0 \
+    --transformer-dropout-act 0 --label-smoothing 0.1 --label-smoothing-impl torch \
+    --optimizer adam --optimizer-betas 0.9:0.98 --initial-learning-rate 0.033541 \
+    --learning-rate-scheduler-type inv-sqrt-decay --learning-rate-warmup 500 \
+    --gradient-clipping-type none --batch-type max-word --batch-size 2000 \
+    --batch-sentences-multiple-of 1 --decode-and-evaluate 0 --keep-last-params 2 "${STOP[@]}"
+  CKPT=$(ls model/params.[0-9]* | sort | tail -1)  # the last one saved
+  CKPT=${CKPT##*.}
+}
+
+decode() {  # beam 4, GNMT length penalty: ((5 + length) / 6)^alpha, Sockeye's with beta 5
+  "$SOCKEYE/sockeye-translate" -m model -c "$CKPT" -i "text/$1.bpe.en" -o "$3" --use-cpu \
+    --beam-size 4 --batch-size 64 --length-penalty-alpha "$2" --length-penalty-beta 5 \
+    --max-output-length "$MAXLEN" > "translate.$1.$2.log" 2>&1
+}
+
+run_peer sockeye "same model and recipe"

@@ -1,0 +1,39 @@
+"""The Throughput callback's mean rates: source + target tokens per second of training time,
+and target tokens only (what fairseq and OpenNMT log), validation time excluded."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aiayn.callbacks import throughput as module
+from aiayn.callbacks.throughput import Throughput
+
+
+def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch):
+    clock = iter([10.0, 12.0, 14.0, 100.0, 101.0])  # 86 s of validation between batches 2, 3
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    logged: dict[str, list[float]] = {}
+    pl_module = SimpleNamespace(
+        device=torch.device("cpu"),
+        log=lambda name, value, **_: logged.setdefault(name, []).append(float(value)),
+    )
+    callback = Throughput()  # peak_flops stays None: no MFU, which needs a model config
+    assert callback.mean_rate(1) is None
+    batches = [
+        SimpleNamespace(num_src_tokens=300, num_tgt_tokens=100),
+        SimpleNamespace(num_src_tokens=500, num_tgt_tokens=300),
+        SimpleNamespace(num_src_tokens=60, num_tgt_tokens=40),
+    ]
+    callback.on_train_batch_start(None)  # 10.0
+    callback.on_train_batch_end(None, pl_module, None, batches[0])  # 12.0: 400 tokens in 2 s
+    callback.on_train_batch_end(None, pl_module, None, batches[1])  # 14.0: 800 in 2 s
+    callback.on_validation_start(None, pl_module)
+    callback.on_train_batch_start(None)  # 100.0: the clock restarts after validation
+    callback.on_train_batch_end(None, pl_module, None, batches[2])  # 101.0: 100 in 1 s
+    assert logged["train/tokens_per_sec"] == [200.0, 400.0, 100.0]
+    assert callback.mean_rate(1) == pytest.approx(1300 / 5)
+    assert callback.mean_rate(1, target_only=True) == pytest.approx(440 / 5)
+    assert callback.mean_rate(4, target_only=True) == pytest.approx(4 * 440 / 5)  # all ranks
