@@ -31,12 +31,14 @@ prepare() {
 
 train() {  # eole has no wall-clock limit: stopped at the budget, the last checkpoint kept
   train_timed "$BUDGET" "$EOLE" train -config config.yaml
-  CKPT=$(ls -d model/step_* | sort -t_ -k2 -n | tail -1)  # the last one saved
 }
 
+# the last checkpoint saved (training was stopped at the budget)
+last_checkpoint() { ls -d model/step_* | sort -t_ -k2 -n | tail -1; }
+
 decode() {  # beam 4, GNMT length penalty alpha
-  "$EOLE" predict -model_path "$CKPT" -src "text/$1.bpe.en" -output "$3" -beam_size 4 \
-    -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
+  "$EOLE" predict -model_path "$(last_checkpoint)" -src "text/$1.bpe.en" -output "$3" \
+    -beam_size 4 -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
     > "predict.$1.$2.log" 2>&1
 }
 

@@ -19,6 +19,8 @@ FS=$PEERS_DIR/fairseq-fixed/venv/bin
 if [ "$SMOKE" = 1 ]; then STOP=(--max-update 20) MAXLEN=10; else
   STOP=(--stop-time-hours "$("$AIAYN_PY" -c "print($BUDGET / 3600)")") MAXLEN=200; fi
 
+version() { dist_version "$FS/python" fairseq-fixed; }
+
 prepare() {
   "$FS/fairseq-preprocess" --source-lang en --target-lang de --trainpref text/train.bpe \
     --validpref text/val.bpe --testpref text/test2016.bpe --destdir bin --joined-dictionary \
@@ -46,11 +48,13 @@ train() {  # fairseq keeps its own clock; the timeout is only a safety net
     --log-format simple --log-interval 50 "${STOP[@]}"
 }
 
-decode() {  # beam 4, fairseq's length penalty (score / length^lenpen)
+decode() {  # beam 4, fairseq's length penalty (score / length^lenpen); batches of any size
+  # (the default multiple of 8 drops the last, odd-sized batch: fairseq issue 5351)
   local subset=valid
   [ "$1" = test2016 ] && subset=test
   "$FS/fairseq-generate" bin --path ckpt/checkpoint_last.pt --gen-subset "$subset" --beam 4 \
-    --lenpen "$2" --max-len-b "$MAXLEN" --max-tokens 4000 --cpu > "generate.$1.$2.log" 2>&1
+    --lenpen "$2" --max-len-b "$MAXLEN" --max-tokens 4000 --required-batch-size-multiple 1 \
+    --cpu > "generate.$1.$2.log" 2>&1
   # one line per source sentence, by id: a sentence fairseq skipped stays empty (and counts)
   awk -F'\t' -v n="$(wc -l < "text/$1.bpe.en")" '/^H-/ {h[substr($1, 3)] = $3}
     END {for (i = 0; i < n; i++) print h[i]}' "generate.$1.$2.log" > "$3"

@@ -31,12 +31,14 @@ prepare() {
 
 train() {  # no wall-clock limit of its own: stopped at the budget, the last checkpoint kept
   train_timed "$BUDGET" "$ONMT/onmt_train" -config config.yaml
-  CKPT=$(ls model/model_step_*.pt | sort -t_ -k3 -n | tail -1)
 }
 
+# the last checkpoint saved (training was stopped at the budget)
+last_checkpoint() { ls model/model_step_*.pt | sort -t_ -k3 -n | tail -1; }
+
 decode() {  # beam 4, GNMT length penalty alpha
-  "$ONMT/onmt_translate" -model "$CKPT" -src "text/$1.bpe.en" -output "$3" -beam_size 4 \
-    -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
+  "$ONMT/onmt_translate" -model "$(last_checkpoint)" -src "text/$1.bpe.en" -output "$3" \
+    -beam_size 4 -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
     > "translate.$1.$2.log" 2>&1
 }
 

@@ -45,13 +45,18 @@ train() {  # Sockeye keeps its own clock; the timeout is only a safety net
     --learning-rate-scheduler-type inv-sqrt-decay --learning-rate-warmup 500 \
     --gradient-clipping-type none --batch-type max-word --batch-size 2000 \
     --batch-sentences-multiple-of 1 --decode-and-evaluate 0 --keep-last-params 2 "${STOP[@]}"
-  CKPT=$(ls model/params.[0-9]* | sort | tail -1)  # the last one saved
-  CKPT=${CKPT##*.}
+}
+
+# the last checkpoint saved (training was stopped at the budget)
+last_checkpoint() {
+  local params
+  params=$(ls model/params.[0-9]* | sort | tail -1)
+  echo "${params##*.}"
 }
 
 decode() {  # beam 4, GNMT length penalty: ((5 + length) / 6)^alpha, Sockeye's with beta 5
-  "$SOCKEYE/sockeye-translate" -m model -c "$CKPT" -i "text/$1.bpe.en" -o "$3" --use-cpu \
-    --beam-size 4 --batch-size 64 --length-penalty-alpha "$2" --length-penalty-beta 5 \
+  "$SOCKEYE/sockeye-translate" -m model -c "$(last_checkpoint)" -i "text/$1.bpe.en" -o "$3" \
+    --use-cpu --beam-size 4 --batch-size 64 --length-penalty-alpha "$2" --length-penalty-beta 5 \
     --max-output-length "$MAXLEN" > "translate.$1.$2.log" 2>&1
 }
 
