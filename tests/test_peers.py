@@ -3,7 +3,6 @@ themselves take an hour of CPU each and are recorded, not tested)."""
 
 import importlib.util
 import json
-import subprocess
 import sys
 
 import pytest
@@ -104,7 +103,7 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
     ],
 )
 def test_a_peer_result_reads_updates_and_target_rate_from_the_peers_own_log(
-    tmp_path, framework, log, updates, rate
+    tmp_path, monkeypatch, capsys, framework, log, updates, rate
 ):
     if framework == "aiayn":
         (tmp_path / "run").mkdir()
@@ -117,14 +116,10 @@ def test_a_peer_result_reads_updates_and_target_rate_from_the_peers_own_log(
     (tmp_path / "stages.tsv").write_text("text\t20\ntrain\t3300\ntest\t90\n")
     args = ["--framework", framework, "--setting", "same", "--alpha", "1.5", "--val", "33.1"]
     args += ["--test", "35.2", "--smoke", "0", "--version", "1.2.3", "--no-measure"]
-    done = subprocess.run(
-        [sys.executable, str(PEERS / "result.py"), str(tmp_path), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    monkeypatch.setattr(sys, "argv", ["result.py", str(tmp_path), *args])
+    _module("result").main()  # in this process: a subprocess would import torch again
     result = json.loads((tmp_path / "result.json").read_text())
-    assert json.loads(done.stdout) == result
+    assert json.loads(capsys.readouterr().out) == result
     assert (result["updates"], result["target_tokens_per_sec"]) == (updates, rate)
     assert result["peak_rss_mib"] == 1024 and result["stages_s"]["train"] == 3300
     assert (result["alpha"], result["val_bleu_tok"], result["test_bleu_tok"]) == (1.5, 33.1, 35.2)

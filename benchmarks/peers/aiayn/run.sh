@@ -11,8 +11,9 @@ PEER_WORK=${PEER_WORK:-/tmp/peer_aiayn}
 HYP_PIECES=  # evaluate.py writes plain text
 source "$(dirname "$0")/../common.sh"
 export WANDB_MODE=offline
-if [ "$SMOKE" = 1 ]; then LIMIT=(trainer.max_steps=20); else
-  LIMIT=("trainer.max_time=$("$AIAYN_PY" -c "s = $BUDGET; print(f'00:{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}')")"); fi
+if [ "$SMOKE" = 1 ]; then LIMIT=(trainer.max_steps=20); else  # the budget as DD:HH:MM:SS
+  LIMIT=("trainer.max_time=$(printf '00:%02d:%02d:%02d' $((BUDGET / 3600)) \
+    $((BUDGET % 3600 / 60)) $((BUDGET % 60)))"); fi
 
 version() { git -C "$REPO" rev-parse --short HEAD; }
 
