@@ -160,3 +160,14 @@ def test_the_peer_table_has_a_row_per_result_best_first_and_refuses_a_smoke_test
     paths[0].write_text(json.dumps(_result("eole", 33.0, smoke=True)))
     with pytest.raises(SystemExit, match=r"eole\.json: a SMOKE=1 result"):
         table.table(paths)
+
+
+def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(capsys, monkeypatch):
+    """experiments/peers.md quotes `python benchmarks/peers/table.py
+    experiments/peers/*/result.json` (the README's command) exactly."""
+    paths = sorted(str(p) for p in (REPO / "experiments" / "peers").glob("*/result.json"))
+    assert len(paths) >= 2
+    monkeypatch.setattr(sys, "argv", ["table.py", *paths])
+    _module("table").main()
+    printed = capsys.readouterr().out.strip()
+    assert printed in (REPO / "experiments" / "peers.md").read_text()
