@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# JoeyNMT 2.3.0 against aiayn's multi30k_cpu, setting 1 (same model and recipe, the
-# differences in same_model.yaml): the whole command, timed by stage
+# JoeyNMT 2.3.0 against aiayn's multi30k_cpu: the whole command, timed by stage
 # (benchmarks/peers/common.sh), on a quiet machine, alone:
 #   bash benchmarks/peers/install.sh joeynmt      # its venv, once
-#   MULTI30K_ROOT=<dir> bash benchmarks/peers/joeynmt/run.sh
+#   MULTI30K_ROOT=<dir> [SETTING=own] bash benchmarks/peers/joeynmt/run.sh
+# SETTING=same (default), setting 1: aiayn's model and recipe (same_model.yaml lists the
+# differences). SETTING=own, setting 2: JoeyNMT's own documented Transformer recipe for small
+# data, configs/iwslt14_deen_bpe.yaml of v2.3 (own_recipe.yaml says what was changed and why).
 # Result: $PEER_WORK/result.json (default /tmp/peer_joeynmt), JoeyNMT's logs beside it.
 PEER_WORK=${PEER_WORK:-/tmp/peer_joeynmt}
 source "$(dirname "$0")/../common.sh"
 JOEY=$PEERS_DIR/joeynmt/venv/bin/python
+SETTING=${SETTING:-same}
+case "$SETTING" in  # the config, its validation interval (updates), the name
+  same) YAML=same_model.yaml VALID=450 NAME="same model and recipe" ;;
+  own) YAML=own_recipe.yaml VALID=1000 NAME="JoeyNMT's IWSLT14 recipe" ;;
+  *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
+esac
 if [ "$SMOKE" = 1 ]; then UPDATES=20 VALID=20 REPORT=5 MAXLEN=10; else
-  UPDATES=1000000 VALID=450 REPORT=50 MAXLEN=250; fi
+  UPDATES=1000000 REPORT=50 MAXLEN=250; fi
 
 version() { dist_version "$JOEY" joeynmt; }
 
 prepare() {  # the config: JoeyNMT reads the text and vocab.txt itself
   sed -e "s#PEER_WORK#$PEER_WORK#g; s#PEER_TEXT#$PEER_WORK/text#g" \
-    -e "s#updates: 1000000#updates: $UPDATES#; s#validation_freq: 450#validation_freq: $VALID#" \
-    -e "s#logging_freq: 50#logging_freq: $REPORT#" "$PEERS/joeynmt/same_model.yaml" > config.yaml
+    -e "s#updates: 1000000#updates: $UPDATES#; s#validation_freq: [0-9]*#validation_freq: $VALID#" \
+    -e "s#logging_freq: 50#logging_freq: $REPORT#" "$PEERS/joeynmt/$YAML" > config.yaml
 }
 
 train() {  # no wall-clock limit of its own: SIGINT at the budget, on which it saves that
@@ -32,4 +40,4 @@ decode() {  # beam 4, GNMT length penalty: log p / ((5 + length) / 6)^alpha (joe
   mv "decode.$1.$2.test" "$3"  # its hypotheses of the `test` set, pieces joined by spaces
 }
 
-run_peer joeynmt "same model and recipe"
+run_peer joeynmt "$NAME"
