@@ -132,6 +132,7 @@ def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, n
         (["model.activation=swish"], "activation"),
         (["model.d_model=abc"], "model.d_model"),
         (["optim.schedule=cosine"], "optim.schedule"),
+        (["optim.cooldown=0.2", "trainer.max_epochs=-1"], "set trainer.max_steps"),
         (["+trainer.max_stepz=3"], "max_stepz"),
         (["data.tokenizer.joint=false"], "share_embeddings"),
         (["data.max_len=600"], "max_positions"),

@@ -360,6 +360,9 @@ ALLOWED_SYNCS = {
     "lightning/fabric/utilities/apply_func.py:110 move_data_to_device",
     # Lightning's own DDP loop broadcasts a SIGTERM flag every step (Lightning >= 2.5)
     "lightning/pytorch/loops/training_epoch_loop.py:300 advance",
+    # under trainer.max_time: Lightning's Timer broadcasts its stop flag every step, and
+    # optim.cooldown rank 0's share of the time budget (one object broadcast each)
+    "lightning/pytorch/strategies/ddp.py:311 broadcast",
 }
 
 
@@ -381,6 +384,8 @@ def test_two_process_training_keeps_nccls_rules(strategy, tmp_path):
     else:  # every callback that keeps or reads weights, under the same rules
         args += ["trainer.strategy=ddp", "callbacks=[default,average,ema,attention]"]
         args += ["test_ckpt=averaged"]
+        # the cooldown by the clock: rank 0's share of the time budget, broadcast every update
+        args += ["optim.cooldown=0.5", "trainer.max_time=00:00:30:00"]
     args += ["+callbacks.gpu_rules._target_=tests.gpu_rules.GpuRules"]
     args += [f"+callbacks.gpu_rules.report={report}"]
     result = cli(args, tmp_path)

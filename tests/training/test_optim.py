@@ -2,8 +2,10 @@
 
 import math
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Timer
 
 from aiayn.training.schedules import OptimConfig, inverse_sqrt, lr_multiplier, noam
 
@@ -68,8 +70,96 @@ def test_scheduler_steps_per_update_with_the_configured_base_lr():
         ({"betas": [0.9]}, "optim.betas"),
         ({"eps": 0.0}, "optim.eps"),
         ({"label_smoothing": 1.0}, "optim.label_smoothing"),
+        ({"cooldown": 1.5}, "optim.cooldown"),
     ],
 )
 def test_invalid_optim_config_names_the_key(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         OptimConfig(**kwargs)
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "constant"])
+def test_cooldown_decays_the_schedule_linearly_to_zero_over_the_budgets_last_share(schedule):
+    """optim.cooldown=0.25 of a 100-update budget: the schedule itself for 75 updates, then
+    times a line that reaches zero after the last update."""
+    plain = lr_multiplier(OptimConfig(schedule=schedule, lr=1.0, warmup_steps=10), 64)
+    cooled = lr_multiplier(
+        OptimConfig(schedule=schedule, lr=1.0, warmup_steps=10, cooldown=0.25),
+        64,
+        budget_spent=lambda done: done / 100,
+    )
+    for i in (0, 5, 50, 75):  # i updates done: the rate of update i + 1
+        assert cooled(i) == pytest.approx(plain(i))
+    for i, left in ((80, 0.8), (90, 0.4), (99, 0.04)):
+        assert cooled(i) == pytest.approx(plain(i) * left)
+    assert cooled(100) == cooled(130) == 0.0  # past the budget (a step budget's overshoot)
+
+
+def test_cooldown_needs_a_budget():
+    with pytest.raises(ValueError, match="budget"):
+        lr_multiplier(OptimConfig(schedule="constant", cooldown=0.5), 64)
+
+
+class RateLog(L.Callback):
+    """The learning rate of each update, and the timer's clock just before and after it."""
+
+    def __init__(self) -> None:
+        self.rates, self.before, self.after = [], [], []
+
+    @staticmethod
+    def _clock(trainer) -> float:
+        timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+        return timers[0].time_elapsed() if timers else 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, *args) -> None:
+        self.rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+        self.before.append(self._clock(trainer))
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self.after.append(self._clock(trainer))
+
+
+def _fit_with_cooldown(tmp_path, **trainer_kwargs) -> RateLog:
+    """The tiny toy model through a real Trainer with a constant rate of 1e-3 and
+    optim.cooldown=0.5."""
+    from aiayn.training.run import build, validate
+    from tests.helpers import compose_train, fast_overrides
+
+    overrides = ["optim.schedule=constant", "optim.warmup_steps=0", "optim.lr=1e-3"]
+    toy = ["data.toy.train_size=400", "data.toy.val_size=10", "data.toy.test_size=10"]
+    cfg = compose_train(
+        [*fast_overrides(tmp_path), *toy, *overrides, "optim.cooldown=0.5"], tmp_path
+    )
+    datamodule, module = build(validate(cfg))
+    log = RateLog()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[log],
+        **trainer_kwargs,
+    )
+    trainer.fit(module, datamodule=datamodule)
+    return log
+
+
+def test_a_step_budget_cools_down_over_its_last_half(tmp_path):
+    log = _fit_with_cooldown(tmp_path, max_steps=6)
+    assert log.rates == pytest.approx([1e-3] * 4 + [1e-3 * 2 / 3, 1e-3 / 3])
+
+
+def test_a_time_budget_cools_down_by_the_clock(tmp_path):
+    """trainer.max_time of 3 s, no step or epoch limit: each update's rate is the line at the
+    clock reading when the scheduler stepped after the previous update, which lies between the
+    readings at the two updates' starts."""
+    log = _fit_with_cooldown(tmp_path, max_steps=-1, max_epochs=-1, max_time={"seconds": 3})
+    assert len(log.rates) >= 5 and log.after[-1] >= 3.0
+    line = [min(1.0, max(0.0, (1 - t / 3) / 0.5)) * 1e-3 for t in log.before]
+    assert log.rates[0] == pytest.approx(1e-3)
+    for i, rate in enumerate(log.rates[1:], start=1):
+        assert line[i] - 1e-9 <= rate <= line[i - 1] + 1e-9, (i, rate)
+    assert log.rates[-1] < 0.5e-3  # the last updates run below half the peak

@@ -104,6 +104,15 @@ class TrainConfig:
         except ValueError as error:
             raise ConfigError(str(error).replace("DecodeConfig.", "val_decode.")) from None
         check_trainer_kwargs(self.trainer)
+        # Lightning: -1 is no limit (max_epochs=None is 1 000 epochs)
+        limits = (self.trainer.get(key, -1) for key in ("max_steps", "max_epochs"))
+        budget = any(limit != -1 for limit in limits) or self.trainer.get("max_time")
+        if self.optim.cooldown > 0 and not budget:
+            raise ConfigError(
+                f"optim.cooldown={self.optim.cooldown} decays the rate to zero at the end of the "
+                "training budget, but there is none: set trainer.max_steps, trainer.max_epochs or "
+                "trainer.max_time, or optim.cooldown=0"
+            )
         if self.kernels not in POLICIES:
             raise ConfigError(f"kernels must be one of {POLICIES}, got {self.kernels!r}")
         if self.ckpt_path is not None and not Path(self.ckpt_path).is_file():

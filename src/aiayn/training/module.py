@@ -9,6 +9,7 @@ samples and attention images are callbacks (`aiayn.callbacks`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from lightning.fabric.plugins.precision.amp import (
     _optimizer_handles_unscaling as _handles_unscaling,
 )
+from lightning.pytorch.callbacks import Timer
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
@@ -225,13 +227,32 @@ class TranslationModule(L.LightningModule):
             weight_decay=cfg.weight_decay,
             fused=fused,
         )
+        budget = self._budget_spent() if cfg.cooldown > 0 else None
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_multiplier(cfg, self.model_config.d_model)
+            optimizer, lr_multiplier(cfg, self.model_config.d_model, budget)
         )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
         }
+
+    def _budget_spent(self) -> Callable[[int], float]:
+        """`done` updates -> the share of the training budget used (optim.cooldown): the
+        larger of done / the updates that trainer.max_steps or max_epochs allow and the share
+        of trainer.max_time elapsed, by rank 0's clock so that every rank steps alike."""
+        trainer = self.trainer
+        total = trainer.estimated_stepping_batches  # inf without max_steps or max_epochs
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+
+        def spent(done: int) -> float:
+            share = done / total
+            remaining = timer.time_remaining() if timer is not None else None
+            if remaining is not None:
+                elapsed = timer.time_elapsed()
+                share = max(share, trainer.strategy.broadcast(elapsed / (elapsed + remaining)))
+            return min(share, 1.0)
+
+        return spent
 
     # ------------------------------------------------------------------ evaluation
     def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""Optimizer settings and the learning-rate schedules (pure functions of the update count).
+"""Optimizer settings and the learning-rate schedules (pure functions of the update count,
+times an optional cooldown over the end of the training budget).
 
 The paper (Section 5.3): Adam(β1=0.9, β2=0.98, ε=1e-9) and
 lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), stepped once per optimizer update.
@@ -7,7 +8,9 @@ lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), stepped once per optim
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 SCHEDULES = ("noam", "inverse_sqrt", "constant")
 
@@ -22,12 +25,18 @@ class OptimConfig:
     The warmup ramp starts at `warmup_start_factor` x the peak (0: from zero; 1: no ramp, the
     peak from the first update and the same decay after `warmup_steps`; torch's
     LinearLR.start_factor).
+    `cooldown` > 0 multiplies any of them by a linear decay to zero over the last `cooldown`
+    share of the training budget (trainer.max_steps, max_epochs or max_time, whichever ends
+    first): warmup-stable-decay (Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+    Training Beyond Fixed Training Durations"). Under max_time the rate follows rank 0's
+    clock, broadcast every update (as Lightning's Timer broadcasts its stop flag).
     """
 
     schedule: str = "noam"
     lr: float = 1.0
     warmup_steps: int = 4000
     warmup_start_factor: float = 0.0
+    cooldown: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
     weight_decay: float = 0.0
@@ -55,6 +64,8 @@ class OptimConfig:
             raise ValueError(
                 f"optim.warmup_start_factor must lie in [0, 1], got {self.warmup_start_factor!r}"
             )
+        if not 0.0 <= self.cooldown <= 1.0:
+            raise ValueError(f"optim.cooldown must lie in [0, 1], got {self.cooldown!r}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)!r}")
         if not self.eps > 0:
@@ -103,11 +114,28 @@ def constant(step: int, warmup: int, start: float = 0.0) -> float:
     return _ramp(step, warmup, start) if warmup > 0 else 1.0
 
 
-def lr_multiplier(config: OptimConfig, d_model: int):
-    """`LambdaLR` factor for `config`: maps the 0-based update count to lr / config.lr."""
-    start = config.warmup_start_factor
-    if config.schedule == "noam":
-        return lambda i: noam(i + 1, config.warmup_steps, d_model, start)
-    if config.schedule == "inverse_sqrt":
-        return lambda i: inverse_sqrt(i + 1, config.warmup_steps, start)
-    return lambda i: constant(i + 1, config.warmup_steps, start)
+def cooldown(spent: float, share: float) -> float:
+    """Multiplier: 1 until the last `share` of the budget, then linear to 0 at its end
+    (`spent`: the share of the budget used so far; `share` 0: no cooldown)."""
+    if share <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - spent) / share))
+
+
+def lr_multiplier(
+    config: OptimConfig, d_model: int, budget_spent: Callable[[int], float] | None = None
+) -> Callable[[int], float]:
+    """`LambdaLR` factor for `config`: maps the 0-based update count to lr / config.lr.
+    `budget_spent(done)`: the share of the training budget that `done` updates used (needed
+    when config.cooldown > 0)."""
+    start, warmup = config.warmup_start_factor, config.warmup_steps
+    base = {
+        "noam": partial(noam, warmup=warmup, d_model=d_model, start=start),
+        "inverse_sqrt": partial(inverse_sqrt, warmup=warmup, start=start),
+        "constant": partial(constant, warmup=warmup, start=start),
+    }[config.schedule]
+    if config.cooldown == 0:
+        return lambda i: base(i + 1)
+    if budget_spent is None:
+        raise ValueError("optim.cooldown > 0 needs the training budget (budget_spent)")
+    return lambda i: base(i + 1) * cooldown(budget_spent(i), config.cooldown)
