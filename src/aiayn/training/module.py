@@ -241,7 +241,9 @@ class TranslationModule(L.LightningModule):
         larger of done / the updates that trainer.max_steps or max_epochs allow and the share
         of trainer.max_time elapsed, by rank 0's clock so that every rank steps alike."""
         trainer = self.trainer
-        total = trainer.estimated_stepping_batches  # inf without max_steps or max_epochs
+        # inf without max_steps or max_epochs; -1 (max_steps) for epochs of unknown length
+        total = trainer.estimated_stepping_batches
+        total = total if total > 0 else float("inf")
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
 
         def spent(done: int) -> float:
