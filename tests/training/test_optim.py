@@ -163,3 +163,31 @@ def test_a_time_budget_cools_down_by_the_clock(tmp_path):
     for i, rate in enumerate(log.rates[1:], start=1):
         assert line[i] - 1e-9 <= rate <= line[i - 1] + 1e-9, (i, rate)
     assert log.rates[-1] < 0.5e-3  # the last updates run below half the peak
+
+
+@pytest.mark.parametrize("timer", [False, True])
+def test_epochs_of_unknown_length_cool_down_by_the_clock_or_are_refused(tmp_path, timer):
+    """Lightning's estimated_stepping_batches is -1 for max_epochs over a loader of unknown
+    length: the share comes from trainer.max_time alone, or, without one, the run is refused
+    with the keys to set (not a negative share, nor a cooldown that never comes)."""
+    from types import SimpleNamespace
+
+    from aiayn.errors import ConfigError
+    from aiayn.training.run import build, validate
+    from tests.helpers import compose_train, fast_overrides
+
+    cfg = compose_train([*fast_overrides(tmp_path), "optim.cooldown=0.5"], tmp_path)
+    _, module = build(validate(cfg))
+    clock = Timer(duration={"seconds": 10})
+    clock.time_elapsed = lambda *a: 7.5  # 3/4 of the budget spent
+    clock.time_remaining = lambda *a: 2.5
+    module._trainer = SimpleNamespace(
+        estimated_stepping_batches=-1,
+        callbacks=[clock] if timer else [],
+        strategy=SimpleNamespace(broadcast=lambda x: x),
+    )
+    if not timer:
+        with pytest.raises(ConfigError, match=r"trainer\.max_steps or trainer\.max_time"):
+            module._budget_spent()
+        return
+    assert module._budget_spent()(3) == pytest.approx(0.75)

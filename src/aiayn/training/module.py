@@ -26,6 +26,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
+from aiayn.errors import ConfigError
 from aiayn.inference.translator import Translator
 from aiayn.kernels import accelerate
 from aiayn.model import DecodeConfig, ModelConfig, build_model
@@ -245,6 +246,11 @@ class TranslationModule(L.LightningModule):
         total = trainer.estimated_stepping_batches
         total = total if total > 0 else float("inf")
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if total == float("inf") and timer is None:
+            raise ConfigError(
+                "optim.cooldown needs a budget of known length, and these epochs have none "
+                "(the data's length is unknown): set trainer.max_steps or trainer.max_time"
+            )
 
         def spent(done: int) -> float:
             share = done / total
