@@ -176,8 +176,9 @@ TIMINGS = (
     "train_tokens_per_sec",
     "train_target_tokens_per_sec",
     "resumed_from",
+    "peak_rss_mib",
 )
-TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec")
+TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec", "train/peak_rss_mib")
 
 
 def reported(run: Path) -> dict:

@@ -65,7 +65,84 @@ def test_callback_writes_mean_of_validation_snapshots(run_dir, sources):
 
 
 def test_mismatched_states_are_rejected():
-    with pytest.raises(AveragingError, match=r"w: shape \(2,\) in state 0 but \(3,\)"):
+    with pytest.raises(AveragingError, match=r"w: shape \(3,\) in state 1 but \(2,\) in state 0"):
         average_state_dicts([{"w": torch.zeros(2)}, {"w": torch.zeros(3)}])
     with pytest.raises(AveragingError, match="differs in keys"):
         average_state_dicts([{"w": torch.zeros(2)}, {"v": torch.zeros(2)}])
+
+
+def test_the_callback_keeps_the_weights_and_lets_its_snapshots_go(tmp_path):
+    """A real Trainer, validating every 2 of 6 updates with `last=2`: the file holds the mean
+    of the weights at updates 4 and 6 (the final weights, taken once), the module keeps its
+    final weights, and the snapshot files are deleted once the average is written."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from aiayn.callbacks import AverageCheckpoints
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 2)
+
+        def training_step(self, batch, _):
+            return (self.layer(batch[0]) - 1).pow(2).mean()
+
+        def validation_step(self, batch, _):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Seen(L.Callback):
+        def __init__(self) -> None:
+            self.states: list[dict[str, torch.Tensor]] = []
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            self.states.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(12, 3)), batch_size=2)
+    seen, average = Seen(), AverageCheckpoints(dirpath=str(tmp_path), last=2)
+    module = Tiny()
+    trainer = L.Trainer(
+        max_steps=6, val_check_interval=2, num_sanity_val_steps=0, callbacks=[seen, average],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path, accelerator="cpu",
+    )  # fmt: skip
+    trainer.fit(module, data, data)
+    assert len(seen.states) == 3 and len(average.snapshots) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["averaged.ckpt"]  # snapshots deleted
+    averaged = _load(tmp_path / "averaged.ckpt")
+    assert averaged["averaged_from"] == ["step 4", "step 6"]
+    for key, final in module.state_dict().items():
+        torch.testing.assert_close(final, seen.states[-1][key], rtol=0, atol=0)
+        mean = (seen.states[1][key] + seen.states[2][key]) / 2
+        torch.testing.assert_close(averaged["state_dict"][key], mean, rtol=0, atol=1e-7)
+        assert not torch.equal(averaged["state_dict"][key], final)
+
+
+def test_a_resume_takes_up_the_snapshots_up_to_its_step(tmp_path):
+    """Snapshot files of steps 2, 4, 6 and 8, a run resumed at step 6 with `last=2`: it takes
+    up 4 and 6 (2 is beyond the window, 8 after the resumed checkpoint: both deleted), and
+    its next snapshot pushes 4 out. A fresh run (step 0) deletes every snapshot it finds."""
+    from types import SimpleNamespace
+
+    from aiayn.callbacks import AverageCheckpoints
+
+    for step in (2, 4, 6, 8):
+        torch.save({"w": torch.full((2,), float(step))}, tmp_path / f".snapshot-step{step}.pt")
+    (tmp_path / "other.pt").write_bytes(b"")  # not a snapshot: left alone
+    callback = AverageCheckpoints(dirpath=str(tmp_path), last=2, every_n_steps=1)
+    trainer = SimpleNamespace(global_step=6, is_global_zero=True)
+    callback.on_train_start(trainer, None)
+    assert [step for step, _ in callback.snapshots] == [4, 6]
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {".snapshot-step4.pt", ".snapshot-step6.pt", "other.pt"}
+    trainer.global_step = 7
+    callback.on_train_batch_end(trainer, torch.nn.Linear(2, 2))
+    assert [step for step, _ in callback.snapshots] == [6, 7]
+    assert not (tmp_path / ".snapshot-step4.pt").exists()
+    fresh = AverageCheckpoints(dirpath=str(tmp_path), last=2)
+    fresh.on_train_start(SimpleNamespace(global_step=0, is_global_zero=True), None)
+    assert not fresh.snapshots and {p.name for p in tmp_path.iterdir()} == {"other.pt"}

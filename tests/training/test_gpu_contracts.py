@@ -263,15 +263,16 @@ def test_every_rank_keeps_its_own_gpu_generator_state(monkeypatch):
     assert torch.equal(restored[-1], gpu_state[1])
 
 
-def test_averaging_snapshots_are_kept_by_rank_zero_only():
+def test_averaging_snapshots_are_kept_by_rank_zero_only(tmp_path):
     from aiayn.callbacks import AverageCheckpoints
 
     module = torch.nn.Linear(2, 2)
     for zero in (True, False):
-        callback = AverageCheckpoints(last=3, every_n_steps=1)
+        callback = AverageCheckpoints(dirpath=str(tmp_path / str(zero)), last=3, every_n_steps=1)
         trainer = SimpleNamespace(global_step=1, is_global_zero=zero)
         callback.on_train_batch_end(trainer, module)
         assert len(callback.snapshots) == (1 if zero else 0)
+        assert (tmp_path / str(zero) / ".snapshot-step1.pt").is_file() is zero
 
 
 def test_batches_are_pinned_for_a_cuda_device(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ and target tokens only (what fairseq and OpenNMT log), validation time excluded.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -37,3 +38,34 @@ def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch
     assert callback.mean_rate(1) == pytest.approx(1300 / 5)
     assert callback.mean_rate(1, target_only=True) == pytest.approx(440 / 5)
     assert callback.mean_rate(4, target_only=True) == pytest.approx(4 * 440 / 5)  # all ranks
+
+
+def _peak_kib_from_proc() -> int:
+    """VmHWM of /proc/self/status: the kernel's peak resident set of this process, KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+@pytest.mark.skipif(not module.sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_peak_resident_memory_is_logged_as_the_kernel_counts_it():
+    """`train/peak_rss_mib` is the process's high-water mark at the step, in MiB: between the
+    kernel's VmHWM before and after it (within the few MiB its per-thread counters lag), and
+    it grows when the process takes more memory."""
+    logged: dict[str, list[float]] = {}
+    pl_module = SimpleNamespace(
+        device=torch.device("cpu"),
+        log=lambda name, value, **_: logged.setdefault(name, []).append(float(value)),
+    )
+    batch = SimpleNamespace(num_src_tokens=10, num_tgt_tokens=10)
+    callback = Throughput()
+    before = _peak_kib_from_proc()
+    callback.on_train_batch_end(None, pl_module, None, batch)
+    grown = torch.ones((before + 64 * 1024) * 256)  # resident: 64 MiB more than the old peak
+    callback.on_train_batch_end(None, pl_module, None, batch)
+    after = _peak_kib_from_proc()
+    first, second = logged["train/peak_rss_mib"]
+    lag = 4  # MiB: getrusage and /proc read counters that the kernel syncs now and then
+    assert before / 1024 - lag <= first < before / 1024 + 32 <= second <= after / 1024 + lag
+    assert second >= grown.numel() * 4 / 2**20  # the new peak is seen

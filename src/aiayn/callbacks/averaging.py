@@ -1,23 +1,29 @@
 """`AverageCheckpoints`: the mean of the last N weight snapshots, written at the end of
 training (the paper averages the last 5 (base) or 20 (big) checkpoints).
 
-Snapshots are kept in CPU memory (N x the model's size) by the process of rank 0 alone (it
-writes the file; under DDP every rank holds the same weights) and are not saved in checkpoints:
-after a resume only the new ones count.
-"""
+Snapshots are files beside the checkpoints, `.snapshot-step<N>.pt` (the model's weights, no
+training state), written by the process of rank 0 alone (it writes the average; under DDP
+every rank holds the same weights); the oldest is deleted as a new one comes, and the rest
+once the average is written. On disk rather than in memory, as fairseq keeps its epoch
+checkpoints: 20 snapshots of the big model would be 17 GB of host memory. A run resumed in
+the same directory takes up the snapshots up to its checkpoint's step and drops later ones,
+so its average is of the same weights as an uninterrupted run's."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
 
 from aiayn.inference.averaging import average_state_dicts
 from aiayn.inference.checkpoint import read_checkpoint, save_atomically
+
+SNAPSHOT = re.compile(r"\.snapshot-step(\d+)\.pt")
 
 
 class AverageCheckpoints(L.Callback):
@@ -43,14 +49,37 @@ class AverageCheckpoints(L.Callback):
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"AverageCheckpoints.every_n_steps must be >= 1, got {every_n_steps}")
         self.dirpath, self.every_n_steps, self.filename = dirpath, every_n_steps, filename
-        self.snapshots: deque[tuple[int, dict[str, Tensor]]] = deque(maxlen=last)
+        self.last = last
+        self.snapshots: deque[tuple[int, Path]] = deque()  # (step, file), oldest first
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take up this directory's snapshots up to the starting step (a resume: the step is
+        restored by now, unlike at `on_fit_start`); delete the others (a later part of an
+        attempt that was not kept, or a run before this one)."""
+        if not trainer.is_global_zero:
+            return
+        found = []
+        for path in self.path(trainer).parent.glob(".snapshot-step*.pt"):
+            match = SNAPSHOT.fullmatch(path.name)
+            if match and 0 < int(match[1]) <= trainer.global_step:
+                found.append((int(match[1]), path))
+            elif match:
+                path.unlink()
+        self.snapshots = deque(sorted(found))
+        self._forget_beyond(self.last)
+
+    def _forget_beyond(self, count: int) -> None:
+        while len(self.snapshots) > count:
+            self.snapshots.popleft()[1].unlink(missing_ok=True)
 
     def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         if not trainer.is_global_zero or (self.snapshots and self.snapshots[-1][0] == step):
             return
-        state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
-        self.snapshots.append((step, state))
+        path = self.path(trainer).with_name(f".snapshot-step{step}.pt")
+        save_atomically({k: v.detach().cpu() for k, v in pl_module.state_dict().items()}, path)
+        self.snapshots.append((step, path))
+        self._forget_beyond(self.last)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -64,18 +93,23 @@ class AverageCheckpoints(L.Callback):
             self._snapshot(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Write the final weights' checkpoint beside the file (saving is collective: every
+        rank takes part), then, on rank 0, the same with the snapshots' mean for its weights,
+        and delete the snapshots: the module keeps its weights and no copy of them is made."""
         self._snapshot(trainer, pl_module)
         path = self.path(trainer)
-        if not trainer.is_global_zero:  # saving is collective: the others take part, rank 0 writes
-            trainer.save_checkpoint(path, weights_only=True)
+        final = path.with_name(f".{path.name}.final")  # never taken for the average
+        trainer.save_checkpoint(final, weights_only=True)
+        if not trainer.is_global_zero:
             return
-        current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        pl_module.load_state_dict(average_state_dicts([s for _, s in self.snapshots]))
-        trainer.save_checkpoint(path, weights_only=True)
-        pl_module.load_state_dict(current)
-        checkpoint = read_checkpoint(path)  # marked, so that `--last N` never counts it
+        checkpoint = read_checkpoint(final)
+        states = (torch.load(p, map_location="cpu", weights_only=True) for _, p in self.snapshots)
+        checkpoint["state_dict"] = average_state_dicts(states)  # one snapshot read at a time
         checkpoint["averaged_from"] = [f"step {step}" for step, _ in self.snapshots]
-        save_atomically(checkpoint, path)
+        save_atomically(checkpoint, path)  # marked, so that `--last N` never counts it
+        del checkpoint  # maps `final`
+        final.unlink()
+        self._forget_beyond(0)
 
     def path(self, trainer: L.Trainer) -> Path:
         """`dirpath/filename`; dirpath defaults to the ModelCheckpoint's, else

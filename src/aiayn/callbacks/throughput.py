@@ -4,10 +4,13 @@ FLOP utilisation: the step's matrix-product FLOPs (3 x `forward_flops` of the pa
 per second over the matrix-multiply peak measured on this device in the training precision
 at the start of fitting; and `train/elapsed_min`, wall-clock minutes of fitting (validation
 included; a resumed run continues from its checkpoint's minutes), the x axis of the curves in
-`experiments/`."""
+`experiments/`; and `train/peak_rss_mib`, the highest resident memory of this process so far
+(host memory, MiB: the figure `/usr/bin/time` reports at the end), whose curve shows when a
+run's memory grows."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -17,6 +20,11 @@ import torch
 from aiayn.kernels.machine import bf16_native, matmul_flops
 from aiayn.model.summary import forward_flops
 from aiayn.training.loggers import log_host
+
+try:
+    import resource
+except ImportError:  # Windows: no getrusage
+    resource = None  # type: ignore[assignment]
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
 
@@ -28,6 +36,14 @@ def precision_dtype(precision: object) -> torch.dtype:
         if text.startswith(prefix):
             return dtype
     return torch.float32
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident set size so far in MiB (None where the OS does not say)."""
+    if resource is None:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 class Throughput(L.Callback):
@@ -83,6 +99,9 @@ class Throughput(L.Callback):
             log_host(pl_module, "train/mfu", flops / elapsed / self.peak_flops)
         self._minutes = self._before + (now - (self._start or now)) / 60.0
         log_host(pl_module, "train/elapsed_min", self._minutes, reduce_fx="max")
+        rss = peak_rss_mib()
+        if rss is not None:
+            log_host(pl_module, "train/peak_rss_mib", rss, reduce_fx="max")
 
     def state_dict(self) -> dict[str, float]:
         return {"elapsed_min": self._minutes}

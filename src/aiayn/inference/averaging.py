@@ -9,10 +9,11 @@ loads, evaluates and translates like any other, but does not resume training.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from aiayn.errors import AveragingError
@@ -21,31 +22,39 @@ from aiayn.inference.checkpoint import read_checkpoint
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
 
 
-def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+def average_state_dicts(states: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Elementwise mean of the floating-point tensors (summed in float64, cast back to each
     tensor's dtype); non-floating tensors are taken from the last state. Keys and shapes must
-    agree."""
-    if not states:
-        raise AveragingError("nothing to average: no checkpoints given")
-    last = states[-1]
+    agree with the first state's. `states` may be a generator: the sums and one state are all
+    that is held, so averaging N snapshots from disk needs memory for 3 of them, not N."""
+    totals: dict[str, Tensor] = {}
+    first: dict[str, tuple[int, ...]] = {}
+    last: dict[str, Tensor] = {}
+    count = 0
     for i, state in enumerate(states):
-        if state.keys() != last.keys():
-            diff = sorted(set(state) ^ set(last))
-            raise AveragingError(f"state {i} differs in keys from the last one: {diff[:5]}")
+        if not first:
+            first = {key: tuple(value.shape) for key, value in state.items()}
+        elif state.keys() != first.keys():
+            diff = sorted(set(state) ^ set(first))
+            raise AveragingError(f"state {i} differs in keys from state 0: {diff[:5]}")
         for key, value in state.items():
-            if value.shape != last[key].shape:
+            if tuple(value.shape) != first[key]:
                 raise AveragingError(
-                    f"{key}: shape {tuple(value.shape)} in state {i} but "
-                    f"{tuple(last[key].shape)} in the last one"
+                    f"{key}: shape {tuple(value.shape)} in state {i} but {first[key]} in state 0"
                 )
-    out = {}
-    for key, value in last.items():
-        if value.is_floating_point():
-            total = sum(state[key].double() for state in states)
-            out[key] = (total / len(states)).to(value.dtype)
-        else:
-            out[key] = value.clone()
-    return out
+            if not value.is_floating_point():
+                continue
+            if key in totals:
+                totals[key] += value
+            else:
+                totals[key] = value.to(torch.float64, copy=True)
+        last, count = state, count + 1
+    if not count:
+        raise AveragingError("nothing to average: no checkpoints given")
+    return {
+        key: (totals[key] / count).to(value.dtype) if value.is_floating_point() else value.clone()
+        for key, value in last.items()
+    }
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn import kernels
 from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
+from aiayn.callbacks.throughput import peak_rss_mib
 from aiayn.config import process_count
 from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
@@ -227,6 +228,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics["kernels"] = config.kernels
         metrics["kernel_overrides"] = {k: v for k, v in os.environ.items() if k in KERNEL_ENV}
         metrics["wall_clock_min"] = (time.perf_counter() - start) / 60  # this process
+        metrics["peak_rss_mib"] = peak_rss_mib()  # this process: training and test
         _write_metrics(output_dir / "metrics.json", metrics)
         _print_result(metrics)
         failed = False
