@@ -65,8 +65,10 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     common += [f"trainer.max_steps={end}", "test=false"]
     if where == "mid_epoch":  # W&B (offline) beside the CSV history
         common += ["logger=wandb"]
-    if where == "validation":  # all loggers, and records in the run directory: attention maps
-        common += ["logger=many", "callbacks=[default,attention]"]
+    if where == "validation":  # all loggers, records in the run directory (attention maps),
+        # and an average of 3 snapshots, one from before the kill (steps 5, 10, 15)
+        common += ["logger=many", "callbacks=[default,attention,average]"]
+        common += ["callbacks.average.last=3"]
     straight = tmp_path / "straight"
     result = cli([*cli_overrides(straight), *common], straight)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -107,6 +109,12 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     for metric in ("val/loss", "val/bleu", "train/loss", "train/lr"):
         a, b = csv_metrics(straight_run)[metric], csv_metrics(run)[metric]
         assert a == pytest.approx(b, abs=1e-5), metric
+    if where == "validation":  # the average takes up the snapshot written before the kill
+        avg_a, avg_b = (r / "checkpoints" / "averaged.ckpt" for r in (straight_run, run))
+        assert load(avg_b)["averaged_from"] == ["step 5", "step 10", "step 15"]
+        assert load(avg_a)["averaged_from"] == load(avg_b)["averaged_from"]
+        assert _max_diff(_weights(avg_a), _weights(avg_b)) <= 1e-6
+        assert not list((run / "checkpoints").glob(".snapshot-*"))  # deleted once averaged
     elapsed = csv_metrics(run)["train/elapsed_min"]  # the curves' x axis continues
     assert elapsed == sorted(elapsed)
     if "logger=many" in common:  # TensorBoard shows the uninterrupted run's scalars

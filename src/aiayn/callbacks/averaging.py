@@ -1,7 +1,7 @@
 """`AverageCheckpoints`: the mean of the last N weight snapshots, written at the end of
 training (the paper averages the last 5 (base) or 20 (big) checkpoints).
 
-Snapshots are files beside the checkpoints, `.snapshot-step<N>.pt` (the model's weights, no
+Snapshots are files beside the checkpoints, `.snapshot-step<step>.pt` (the model's weights, no
 training state), written by the process of rank 0 alone (it writes the average; under DDP
 every rank holds the same weights); the oldest is deleted as a new one comes, and the rest
 once the average is written. On disk rather than in memory, as fairseq keeps its epoch
