@@ -146,3 +146,21 @@ def test_a_resume_takes_up_the_snapshots_up_to_its_step(tmp_path):
     fresh = AverageCheckpoints(dirpath=str(tmp_path), last=2)
     fresh.on_train_start(SimpleNamespace(global_step=0, is_global_zero=True), None)
     assert not fresh.snapshots and {p.name for p in tmp_path.iterdir()} == {"other.pt"}
+
+
+def test_tied_weights_are_averaged_once_and_stay_tied():
+    """Keys that hold one tensor in every state (the model's tied embeddings and output layer)
+    are summed once and share one tensor in the mean, which torch.save writes once; a tie
+    that a later state breaks is averaged key by key."""
+    states = []
+    for scale in (1.0, 3.0, 5.0):
+        shared = torch.full((2, 3), scale)
+        bias = torch.full((3,), scale)
+        states.append({"src": shared, "tgt": shared, "out": shared, "bias": bias})
+    states[2]["out"] = torch.full((2, 3), 8.0)  # untied in the last state only
+    mean = average_state_dicts(iter(states))
+    assert list(mean) == ["src", "tgt", "out", "bias"]
+    torch.testing.assert_close(mean["src"], torch.full((2, 3), 3.0), rtol=0, atol=0)
+    torch.testing.assert_close(mean["out"], torch.full((2, 3), 4.0), rtol=0, atol=0)
+    torch.testing.assert_close(mean["bias"], torch.full((3,), 3.0), rtol=0, atol=0)
+    assert mean["src"] is mean["tgt"] and mean["out"] is not mean["src"]

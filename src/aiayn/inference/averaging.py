@@ -22,27 +22,57 @@ from aiayn.inference.checkpoint import read_checkpoint
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
 
 
+def _aliases(state: dict[str, Tensor]) -> dict[str, str]:
+    """key -> the first key holding the very same tensor view, for every later such key (tied
+    weights: the source and target embeddings and the output layer share one matrix)."""
+    seen: dict[tuple, str] = {}
+    aliases = {}
+    for key, value in state.items():
+        view = (
+            value.untyped_storage().data_ptr(),
+            value.storage_offset(),
+            value.shape,
+            value.stride(),
+            value.dtype,
+        )
+        if value.numel() and view in seen:
+            aliases[key] = seen[view]
+        else:
+            seen[view] = key
+    return aliases
+
+
 def average_state_dicts(states: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Elementwise mean of the floating-point tensors (summed in float64, cast back to each
     tensor's dtype); non-floating tensors are taken from the last state. Keys and shapes must
     agree with the first state's. `states` may be a generator: the sums and one state are all
-    that is held, so averaging N snapshots from disk needs memory for 3 of them, not N."""
+    that is held, so averaging N snapshots from disk needs memory for 3 of them, not N. Keys
+    that hold one tensor in every state (tied weights) are summed once and share one tensor in
+    the mean, as they do in the model."""
     totals: dict[str, Tensor] = {}
     first: dict[str, tuple[int, ...]] = {}
+    aliases: dict[str, str] = {}
     last: dict[str, Tensor] = {}
     count = 0
     for i, state in enumerate(states):
         if not first:
             first = {key: tuple(value.shape) for key, value in state.items()}
+            aliases = _aliases(state)
         elif state.keys() != first.keys():
             diff = sorted(set(state) ^ set(first))
             raise AveragingError(f"state {i} differs in keys from state 0: {diff[:5]}")
+        else:  # a tie this state does not have: the key's sum so far is its first key's
+            ties = _aliases(state)
+            for key in [k for k, of in aliases.items() if ties.get(k) != of]:
+                if aliases[key] in totals:
+                    totals[key] = totals[aliases[key]].clone()
+                del aliases[key]
         for key, value in state.items():
             if tuple(value.shape) != first[key]:
                 raise AveragingError(
                     f"{key}: shape {tuple(value.shape)} in state {i} but {first[key]} in state 0"
                 )
-            if not value.is_floating_point():
+            if not value.is_floating_point() or key in aliases:
                 continue
             if key in totals:
                 totals[key] += value
@@ -51,10 +81,12 @@ def average_state_dicts(states: Iterable[dict[str, Tensor]]) -> dict[str, Tensor
         last, count = state, count + 1
     if not count:
         raise AveragingError("nothing to average: no checkpoints given")
-    return {
+    out = {
         key: (totals[key] / count).to(value.dtype) if value.is_floating_point() else value.clone()
         for key, value in last.items()
+        if key not in aliases
     }
+    return {key: out[aliases.get(key, key)] for key in last}
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
