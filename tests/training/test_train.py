@@ -146,8 +146,11 @@ def test_train_cli_learns_the_toy_task_and_writes_the_run_directory(tmp_path):
         "val/ppl",
         "val/bleu",
         "test/bleu",
+        "train/peak_rss_mib",
     ):
         assert logged[key], key
+    peaks = logged["train/peak_rss_mib"]  # a high-water mark: never falls, the run's is above
+    assert peaks == sorted(peaks) and 100 < peaks[0] <= peaks[-1] <= metrics["peak_rss_mib"]
     bleus = logged["val/bleu"]
     assert bleus[-1] > bleus[0] + 40, bleus
     assert all(0.0 < mfu < 1.5 for mfu in logged["train/mfu"]), logged["train/mfu"]
