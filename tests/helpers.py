@@ -177,6 +177,7 @@ TIMINGS = (
     "train_target_tokens_per_sec",
     "resumed_from",
     "peak_rss_mib",
+    "matmul_peak_gflops",
 )
 TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec", "train/peak_rss_mib")
 

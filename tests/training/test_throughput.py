@@ -3,6 +3,7 @@ and target tokens only (what fairseq and OpenNMT log), validation time excluded.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,3 +70,20 @@ def test_peak_resident_memory_is_logged_as_the_kernel_counts_it():
     lag = 4  # MiB: getrusage and /proc read counters that the kernel syncs now and then
     assert before / 1024 - lag <= first < before / 1024 + 32 <= second <= after / 1024 + lag
     assert second >= grown.numel() * 4 / 2**20  # the new peak is seen
+
+
+def test_metrics_json_records_the_matmul_peak_that_mfu_divides_by(monkeypatch, tmp_path):
+    """The peak measured at fit start is the denominator of every `train/mfu` value and is
+    written to metrics.json in GFLOP/s (here a stand-in for the measurement)."""
+    from aiayn.training.run import run
+    from tests.helpers import compose_train
+
+    measured = []
+    monkeypatch.setattr(module, "matmul_flops", lambda *a: measured.append(a) or 250e9)
+    overrides = ["model=tiny", "trainer.max_steps=3", "trainer.max_epochs=-1", "test=false"]
+    overrides += ["trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null"]
+    overrides += ["~callbacks.rich_progress_bar"]
+    metrics = run(compose_train(overrides, output_dir=tmp_path))
+    assert len(measured) == 1 and measured[0][0] == torch.float32  # once, in fp32
+    assert metrics["matmul_peak_gflops"] == 250.0
+    assert json.loads((tmp_path / "metrics.json").read_text())["matmul_peak_gflops"] == 250.0

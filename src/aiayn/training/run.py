@@ -217,6 +217,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 target_rate = throughput.mean_rate(trainer.world_size, target_only=True)
                 metrics["train_target_tokens_per_sec"] = target_rate
             metrics["updates"] = trainer.global_step
+            # the matrix-product peak measured at fit start: train/mfu's denominator, this device
+            peak = throughput.peak_flops
+            metrics["matmul_peak_gflops"] = peak / 1e9 if peak else None
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
             results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
