@@ -17,10 +17,13 @@ register()
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 @exit_on_error
 def train(cfg: DictConfig) -> float | None:
-    from aiayn.training.run import objective, run
     from aiayn.training.sweep_resume import resume_job
 
-    kept = resume_job(cfg)  # resume_sweep: a finished job's metrics; a stopped one resumes
+    # resume_sweep: a finished job's metrics; a stopped one resumes. Checked before the
+    # training stack is imported, so a misused resume_sweep is refused at once.
+    kept = resume_job(cfg)
+    from aiayn.training.run import objective, run
+
     metrics = kept if kept is not None else run(cfg)
     return objective(metrics, cfg.optimized_metric)  # for Hydra sweepers (optuna)
 
