@@ -1,8 +1,10 @@
-"""benchmarks/peers/: the shared scorer and the result each peer run writes (the runs
-themselves take an hour of CPU each and are recorded, not tested)."""
+"""benchmarks/peers/: the shared scorer, the result each peer run writes, and a harness run
+with the peer's CLI faked (the runs themselves take an hour of CPU each and are recorded)."""
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -171,3 +173,68 @@ def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(capsys
     _module("table").main()
     printed = capsys.readouterr().out.strip()
     assert printed in (REPO / "experiments" / "peers.md").read_text()
+
+
+FAKE_TRANSLATE = """#!/usr/bin/env bash
+# sockeye-translate's stand-in: logs its arguments, writes its input as its output
+echo "$*" >> "$CALLS"
+while [ $# -gt 0 ]; do
+  case $1 in -i) src=$2; shift ;; -o) out=$2; shift ;; esac
+  shift
+done
+cp "$src" "$out"
+"""
+
+
+@pytest.mark.slow  # per setting: five decodes scored, a matmul peak measured
+@pytest.mark.parametrize("setting, limit", [("own", None), ("same", "250")])
+def test_sockeye_decodes_with_its_own_output_limit_only_in_setting_2(tmp_path, setting, limit):
+    """`DECODE_ONLY=1 bash benchmarks/peers/sockeye/run.sh` with Sockeye's CLI faked: setting
+    2 leaves the output limit to Sockeye (its tutorial's command); setting 1 forces 250."""
+    bin_dir = tmp_path / "peers" / "sockeye" / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "sockeye-translate").write_text(FAKE_TRANSLATE)
+    (bin_dir / "python").write_text("#!/usr/bin/env bash\necho 3.1.34\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    work, data = tmp_path / "work", tmp_path / "multi30k"
+    (work / "text").mkdir(parents=True)
+    (work / "model").mkdir()
+    (work / "model" / "params.00028").write_text("")
+    data.mkdir()
+    for split, line in (("val", "▁zwei ▁hunde ."), ("test2016", "▁ein ▁mann .")):
+        (work / "text" / f"{split}.bpe.en").write_text(f"{line}\n")
+        (data / f"{split}.de").write_text("Zwei Hunde.\n")
+    (work / "text" / "train.bpe.de").write_text("▁zwei ▁hunde\n")
+    (work / "train.log").write_text("[INFO:sockeye.training] E=0 B=50\ts/sec=20.0 tok/sec=1\n")
+    (work / "train.time").write_text("\tMaximum resident set size (kbytes): 2048\n")
+    (work / "stages.tsv").write_text("text\t4\nprepare\t3\ntrain\t3300\n")
+    env = {
+        **os.environ,
+        "PEERS_DIR": str(tmp_path / "peers"),
+        "PEER_WORK": str(work),
+        "MULTI30K_ROOT": str(data),
+        "AIAYN_PY": sys.executable,
+        "SETTING": setting,
+        "DECODE_ONLY": "1",
+        "CALLS": str(tmp_path / "calls"),
+    }
+    run = subprocess.run(
+        ["bash", str(PEERS / "sockeye" / "run.sh")], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split(" -i ")[1].split()[0] for c in calls] == [
+        *["text/val.bpe.en"] * 4,
+        "text/test2016.bpe.en",
+    ]
+    for call in calls:
+        args = call.split()
+        assert args[args.index("--beam-size") + 1] == "4" and args[args.index("-c") + 1] == "00028"
+        if limit is None:
+            assert "--max-output-length" not in args
+        else:
+            assert args[args.index("--max-output-length") + 1] == limit
+    result = json.loads((work / "result.json").read_text())
+    assert (result["updates"], result["peak_rss_mib"], result["version"]) == (50, 2, "3.1.34")
+    assert result["stages_s"]["train"] == 3300 and result["alpha"] == 0.6
