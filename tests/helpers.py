@@ -62,13 +62,19 @@ def fast_overrides(tmp_path: Path) -> list[str]:
 
 
 def cli(args: list[str], tmp_path: Path, module: str = "train.py", timeout: int = 600):
-    """Run an entry point as a user would (`python train.py ...`) with logs under tmp_path."""
+    """Run an entry point as a user would (`python train.py ...`) with logs under tmp_path
+    (`module=""`: `args` go to python itself, e.g. `-c <code>`)."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    command = [sys.executable, module] if module.endswith(".py") else [sys.executable, "-m", module]
+    if not module:
+        command = [sys.executable]
+    elif module.endswith(".py"):
+        command = [sys.executable, module]
+    else:
+        command = [sys.executable, "-m", module]
     return subprocess.run(
         [*command, *args],
         cwd=REPO,

@@ -132,7 +132,11 @@ def test_a_job_stopped_before_its_first_checkpoint_is_set_aside(tmp_path):
 
 
 def test_resume_sweep_without_multirun_is_one_line(tmp_path):
-    result = cli([*cli_overrides(tmp_path), f"resume_sweep={tmp_path}"], tmp_path)
+    """Refused before the training stack is imported: here importing it would fail."""
+    no_trainer = "import sys; sys.modules['aiayn.training.run'] = None; import runpy; "
+    no_trainer += "runpy.run_path('train.py', run_name='__main__')"
+    args = ["-c", no_trainer, *cli_overrides(tmp_path), f"resume_sweep={tmp_path}"]
+    result = cli(args, tmp_path, module="")
     assert result.returncode == 1
     assert "resume_sweep relaunches a multirun: add -m" in result.stderr
     assert "Traceback" not in result.stderr
