@@ -10,11 +10,17 @@ Each update: forward, label-smoothed (0.1) cross-entropy over the target tokens,
 optimizer step (aiayn: its Adam; the peers: `torch.optim.AdamW`, as their trainers use), dropout
 0.1 on all three. Prints the machine and its measured matrix-multiply peak, then target tokens/s
 (best of `--repeats` rounds, the three models alternating within a round so that load hits all
-alike), the ratios, and aiayn's model-FLOP utilisation: 3 x `aiayn.model.summary.forward_flops`
-per second over the peak. On a GPU (`--device cuda`) all run under autocast in the card's
+alike), the ratios, and aiayn's model-FLOP utilisation, defined once for the project
+(`aiayn.kernels.machine`, the same as `train/mfu`): 3 x `aiayn.model.summary.forward_flops`
+per second over `mfu_peak`, a GPU's datasheet dense peak for the precision in use (the
+measured peak printed beside it), a CPU's measured peak. `--aiayn eager,compiled` puts aiayn
+eager and compiled (`compile=true`: model, output layer and loss as one graph) side by side;
+on a GPU each step's peak memory above the models' resident weights and optimizer states is
+given too. On a GPU (`--device cuda`) all run under autocast in the card's
 training precision (bf16 from compute capability 8.0 on, else fp16, as `trainer.precision=auto`
-picks), and the MFU is against the card's datasheet dense peak for that precision
-(`DATASHEET_TFLOPS`; the measured peak is printed beside it). On the CPU the process's malloc
+picks) and aiayn runs `kernels=gpu` (the output layer fused into the loss a block at a time).
+The paper's batch of 25 000 target tokens: `--batch-size 520 --src-len 48 --tgt-len 48`; an
+8-GPU run's micro-batch of 3 125: `--batch-size 65`. On the CPU the process's malloc
 keeps freed memory (`aiayn.kernels.allocator`), as `train.py` sets it; that is process-wide, so
 the peers run with it too (they gain more from it than aiayn, whose loss allocates less);
 `AIAYN_KEEP_FREED_MEMORY=0` measures all three with glibc's default."""
@@ -33,7 +39,7 @@ from torch import nn
 from aiayn.data.dataset import Batch
 from aiayn.kernels import resolve, use
 from aiayn.kernels.allocator import keep_freed_memory
-from aiayn.kernels.machine import bf16_native, cpu_flags, cpu_model, matmul_flops
+from aiayn.kernels.machine import bf16_native, cpu_flags, cpu_model, matmul_flops, mfu_peak
 from aiayn.model import ModelConfig
 from aiayn.model.summary import forward_flops
 from aiayn.training.module import TranslationModule
@@ -192,6 +198,17 @@ def best_seconds(steps: list[Callable[[], None]], repeats: int, sync: Callable[[
     return [min(spent) for spent in times]
 
 
+def step_memory(step: Callable[[], None]) -> int:
+    """Bytes of CUDA memory one more call of `step` allocates at its peak, above what was
+    allocated before it (the models' weights and optimizer states)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def random_batch(args: argparse.Namespace, device: torch.device) -> Batch:
     """A batch without padding: every position is a real token, on every model."""
     g = torch.Generator().manual_seed(0)
@@ -210,33 +227,6 @@ def random_batch(args: argparse.Namespace, device: torch.device) -> Batch:
     )
 
 
-# dense tensor-core peaks (TFLOP/s) from the vendors' datasheets: (bf16, fp16), by the start
-# of the name torch.cuda.get_device_name() gives
-DATASHEET_TFLOPS = {
-    "NVIDIA H200": (989.0, 989.0),
-    "NVIDIA H100 80GB HBM3": (989.0, 989.0),  # SXM
-    "NVIDIA H100 PCIe": (756.0, 756.0),
-    "NVIDIA H100 NVL": (835.0, 835.0),
-    "NVIDIA A100": (312.0, 312.0),
-    "NVIDIA A10": (125.0, 125.0),
-    "NVIDIA L4": (121.0, 121.0),
-    "NVIDIA L40S": (362.0, 362.0),
-    "NVIDIA GeForce RTX 4090": (165.0, 165.0),
-    "NVIDIA GeForce RTX 3090": (71.0, 71.0),
-    "Tesla V100": (None, 125.0),
-    "Tesla T4": (None, 65.0),
-}
-
-
-def datasheet_peak(name: str, dtype: torch.dtype) -> float | None:
-    """FLOP/s of the card named `name` in `dtype` by its datasheet, or None if not listed."""
-    for prefix, (bf16, fp16) in DATASHEET_TFLOPS.items():
-        if name.startswith(prefix):
-            peak = bf16 if dtype == torch.bfloat16 else fp16
-            return None if peak is None else peak * 1e12
-    return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in [
@@ -251,9 +241,16 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(CPU_SHAPES))
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
-        "--compile", action="store_true", help="aiayn with torch.compile (`compile=true`)"
+        "--aiayn",
+        default="eager",
+        help="aiayn's columns, comma-separated: eager, compiled (`compile=true`: the whole "
+        "loss compiled as one graph)",
     )
+    parser.add_argument("--compile", action="store_true", help="the same as --aiayn compiled")
     args = parser.parse_args()
+    variants = ["compiled"] if args.compile else args.aiayn.split(",")
+    if not variants or set(variants) - {"eager", "compiled"}:
+        parser.error(f"--aiayn takes eager and/or compiled, got {args.aiayn!r}")
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
@@ -265,43 +262,46 @@ def main() -> None:
         dtype = torch.bfloat16 if bf16_native("cuda") else torch.float16
     # as train.py does on the CPU (process-wide, so the peers get it too); not on GPU runs
     kept = not cuda and keep_freed_memory()
-    measured = matmul_flops(dtype, 8192 if cuda else 2048, 5, device)
-    sheet = datasheet_peak(torch.cuda.get_device_name(), dtype) if cuda else None
-    peak = sheet or measured
+    peak = mfu_peak(dtype, device)  # the MFU's peak, as train/mfu's
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     batch = random_batch(args, device)
 
     where = torch.cuda.get_device_name() if cuda else f"{cpu_model()} ({' '.join(cpu_flags())})"
     print(f"machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     policy = resolve("auto", on_gpu=cuda)
-    use(policy)  # as train.py's kernels=auto: the CPU kernels on the CPU, torch's on GPUs
+    use(policy)  # as train.py's kernels=auto: the CPU kernels on the CPU, the GPU's on GPUs
     print(f"aiayn kernels: {policy} (kernels=auto)")
-    if cuda:
-        listed = f"{sheet / 1e12:.0f} TFLOP/s" if sheet else "not listed: MFU against measured"
-        print(f"datasheet {str(dtype).removeprefix('torch.')} dense peak: {listed}")
+    kind = str(dtype).removeprefix("torch.")
+    print(f"MFU peak ({kind}, mfu_peak): {peak.flops / 1e9:.1f} GFLOP/s, {peak.source}")
     print(
         "malloc keeps freed memory (aiayn.kernels.allocator, as in train.py, for all three "
         f"models): "
         f"{'yes' if kept else 'no'}"
     )
-    print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {measured / 1e9:.1f} GFLOP/s")
+    print(f"measured {kind} matmul peak: {peak.measured / 1e9:.1f} GFLOP/s")
     print(
-        f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens, vocab "
+        f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens "
+        f"({args.batch_size * args.tgt_len} target tokens), vocab "
         f"{args.vocab}, label smoothing {SMOOTHING}, dropout {DROPOUT}, "
         f"{str(dtype).removeprefix('torch.') + ' autocast' if cuda else 'fp32'}"
-        f"{', aiayn compiled' if args.compile else ''}"
     )
-    print(
-        "| shape | aiayn tgt tok/s | HF Marian | torch.nn.Transformer "
-        "| aiayn / Marian | aiayn / torch | aiayn MFU |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    names = [f"aiayn {v}" if len(variants) > 1 or v == "compiled" else "aiayn" for v in variants]
+    header = [*(f"{n} tgt tok/s" for n in names), "HF Marian", "torch.nn.Transformer"]
+    header += ["aiayn / Marian", "aiayn / torch", *(f"{n} MFU" for n in names)]
+    if cuda:  # each step's peak memory above what the three models keep resident
+        header += [f"{n} step GiB" for n in names] + ["Marian step GiB", "torch step GiB"]
+    print("| shape | " + " | ".join(header) + " |")
+    print("|---|" + "---:|" * len(header))
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         torch.manual_seed(0)
-        steps = [build(shape, args.vocab, batch) for build in (aiayn_step, marian_step, torch_step)]
+        steps = [aiayn_step(shape, args.vocab, batch, v == "compiled") for v in variants]
+        steps += [build(shape, args.vocab, batch) for build in (marian_step, torch_step)]
         with torch.autocast(device.type, dtype=dtype, enabled=cuda):
-            ours, marian, plain = best_seconds(steps, args.repeats, sync)
+            seconds = best_seconds(steps, args.repeats, sync)
+            memory = [step_memory(step) for step in steps] if cuda else []
+        *ours, marian, plain = seconds
+        best = min(ours)
         tokens = args.batch_size * args.tgt_len
         d, layers, heads, ff = shape
         config = ModelConfig(
@@ -314,11 +314,11 @@ def main() -> None:
             d_ff=ff,
         )
         flops = 3 * forward_flops(config, args.batch_size, args.src_len, args.tgt_len)
-        print(
-            f"| {name} (d{d}, {layers}+{layers}, h{heads}, ff{ff}) | {tokens / ours:.0f} "
-            f"| {tokens / marian:.0f} | {tokens / plain:.0f} | {marian / ours:.2f}x "
-            f"| {plain / ours:.2f}x | {flops / ours / peak:.0%} |"
-        )
+        cells = [f"{tokens / t:.0f}" for t in seconds]
+        cells += [f"{marian / best:.2f}x", f"{plain / best:.2f}x"]
+        cells += [f"{flops / t / peak.flops:.1%}" for t in ours]
+        cells += [f"{m / 2**30:.1f}" for m in memory]
+        print(f"| {name} (d{d}, {layers}+{layers}, h{heads}, ff{ff}) | " + " | ".join(cells) + " |")
 
     if not cuda and bf16_native():
         bf16_table(args, batch)

@@ -15,7 +15,15 @@ to a device by name. Then:
   code: reading a device tensor (`.item()`, `bool()`, `float()`, `.tolist()`, `.cpu()`, ...)
   and a blocking copy of host data to the device (`torch.tensor(x, device=d)`,
   `.to(d)` without `non_blocking`). A step is everything from one training batch's start to
-  the next one's.
+  the next one's;
+- every collective called in a training step (`COLLECTIVES` and `OTHER_COLLECTIVES`: a
+  barrier, a broadcast, an all-reduce, an object broadcast, ...) is recorded with its place in
+  the code, except FSDP's own (its parameter all-gathers and gradient reduce-scatters, the
+  sharded counterpart of DDP's gradient all-reduce, which DDP's reducer makes in C++ where no
+  Python sees it);
+- each step says whether it was a log step: one whose metrics Lightning writes (every
+  `trainer.log_every_n_steps` updates, or the step a stop was asked at), where reading the
+  device is expected; and the last step of the fit is marked as such.
 """
 
 from __future__ import annotations
@@ -79,6 +87,27 @@ COLLECTIVES = (
     "gather",
     "scatter",
 )
+# collectives that take no tensors, or that are only counted: recorded, not checked for host
+# tensors (an object collective pickles host objects, as it does on GPUs)
+OTHER_COLLECTIVES = (
+    "barrier",
+    "monitored_barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
+    "all_to_all",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "_broadcast_coalesced",  # DDP's broadcast of the module's buffers before a forward
+)
 
 
 def is_host(tensor: Any) -> bool:
@@ -123,6 +152,7 @@ class HostTensors(TorchFunctionMode):
         super().__init__()
         self.recording = False
         self.syncs: list[str] = []
+        self.collectives: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -159,14 +189,47 @@ class HostTensors(TorchFunctionMode):
         return _mark(result, True) if host else result
 
 
-def _refusing_host_tensors(name: str, collective: Any) -> Any:
+# Lightning's helpers that make a collective for their caller (`self.log(sync_dist=True)`,
+# `strategy.reduce`, `strategy.broadcast`): a collective is put down to the code that called them
+HELPERS = (
+    "/lightning/fabric/",
+    "/lightning/pytorch/core/",
+    "/lightning/pytorch/strategies/",
+    "/lightning/pytorch/trainer/connectors/",
+)
+
+
+def _collective_origin() -> str:
+    """file:line function of the innermost frame in aiayn or Lightning (not in Lightning's
+    HELPERS) that called a collective; "fsdp" for FSDP's own collectives."""
+    stack = traceback.extract_stack()[:-2]  # not this function nor the wrapper
+    if any("/torch/distributed/fsdp/" in frame.filename for frame in stack):
+        return "fsdp"
+    for frame in reversed(stack):
+        name = frame.filename
+        if "/aiayn/" in name:
+            return f"aiayn/{name.rsplit('/aiayn/', 1)[1]}:{frame.lineno} {frame.name}"
+        if "/lightning/" in name and not any(helper in name for helper in HELPERS):
+            return f"{name.split('site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
+    return "elsewhere"
+
+
+def _watched(name: str, collective: Any, mode: HostTensors, refuse_host: bool) -> Any:
+    """`collective`, recorded in `mode` while it records; with `refuse_host`, refusing host
+    tensors as NCCL does."""
+
     def checked(*args: Any, **kwargs: Any) -> Any:
-        for leaf in tree_flatten((args, kwargs))[0]:
-            if is_host(leaf):
-                raise RuntimeError(
-                    f"torch.distributed.{name}: a tensor made on the host without a device "
-                    "(NCCL has no CPU backend; on a GPU this collective fails)"
-                )
+        if refuse_host:
+            for leaf in tree_flatten((args, kwargs))[0]:
+                if is_host(leaf):
+                    raise RuntimeError(
+                        f"torch.distributed.{name}: a tensor made on the host without a device "
+                        "(NCCL has no CPU backend; on a GPU this collective fails)"
+                    )
+        if mode.recording:
+            origin = _collective_origin()
+            if origin != "fsdp":
+                mode.collectives.append(f"{name} at {origin}")
         return collective(*args, **kwargs)
 
     return checked
@@ -174,34 +237,61 @@ def _refusing_host_tensors(name: str, collective: Any) -> Any:
 
 class GpuRules(L.Callback):
     """Installs the rules on each process of a run (in `setup`); writes the recorded
-    synchronisations of each training step to `<report>.rank<r>.json`."""
+    synchronisations and collectives of each training step to `<report>.rank<r>.json`."""
 
     def __init__(self, report: str) -> None:
         self.report = report
         self.mode = HostTensors()
-        self.steps: list[list[str]] = []
+        self.steps: list[dict[str, Any]] = []
+        self._update: int | None = None  # the update of the step being recorded
+        self._logs = False  # whether Lightning writes that step's metrics
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if getattr(self, "_installed", False):
             return
         self._installed = True
         for name in COLLECTIVES:
-            setattr(dist, name, _refusing_host_tensors(name, getattr(dist, name)))
+            setattr(dist, name, _watched(name, getattr(dist, name), self.mode, True))
+        for name in OTHER_COLLECTIVES:
+            setattr(dist, name, _watched(name, getattr(dist, name), self.mode, False))
         from lightning.pytorch.loops import utilities
 
         utilities._distributed_is_initialized = lambda: False  # inference_mode, as on GPUs
         self.mode.__enter__()
 
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+    def _close_step(self, trainer: L.Trainer, last: bool = False) -> None:
+        """The step recorded so far ends (a new one starts, validation starts, or the fit
+        ends)."""
         if self.mode.recording:
-            self.steps.append(self.mode.syncs)
-        self.mode.syncs, self.mode.recording = [], True
+            self.steps.append(
+                {
+                    "update": self._update,
+                    # a stop asked after Lightning's hooks read the flag still logs the step
+                    "log_step": self._logs or trainer.should_stop,
+                    "last": last,
+                    "syncs": self.mode.syncs,
+                    "collectives": self.mode.collectives,
+                }
+            )
+        self.mode.syncs, self.mode.collectives = [], []
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._close_step(trainer)
+        self.mode.recording = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._update = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+        self._logs = trainer._logger_connector.should_update_logs
 
     def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self.mode.recording = False  # a step ends where validation starts
-        if self.mode.syncs:
-            self.steps.append(self.mode.syncs)
-        self.mode.syncs = []
+        self._close_step(trainer)  # a step ends where validation starts
+        self.mode.recording = False
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._close_step(trainer)
+        self.mode.recording = False
+        if self.steps:
+            self.steps[-1]["last"] = True
 
     def on_test_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         assert torch.is_inference_mode_enabled(), "the test split is not under inference_mode"
@@ -210,7 +300,7 @@ class GpuRules(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.mode.recording = False
         path = Path(f"{self.report}.rank{trainer.global_rank}.json")
-        steps = [{"step": i, "syncs": s} for i, s in enumerate(self.steps)]
+        steps = [{"step": i, **step} for i, step in enumerate(self.steps)]
         tested = getattr(self, "tested_under_inference_mode", False)
         report = {"pid": os.getpid(), "steps": steps, "tested_under_inference_mode": tested}
         path.write_text(json.dumps(report, indent=1))

@@ -184,6 +184,7 @@ TIMINGS = (
     "resumed_from",
     "peak_rss_mib",
     "matmul_peak_gflops",
+    "mfu_peak_tflops",  # measured on a CPU
 )
 TIMED = ("train/elapsed_min", "train/mfu", "train/tokens_per_sec", "train/peak_rss_mib")
 

@@ -47,6 +47,7 @@ def number(cell: str) -> float:
 def test_train_speed_prints_the_peers_and_the_ratios_of_its_rates(tmp_path):
     out = run(tmp_path, "train_speed.py", *SMALL_BATCH, "--repeats", "1", "--shapes", "tiny")
     assert "matmul peak" in out
+    assert "MFU peak (float32, mfu_peak)" in out and "GFLOP/s, measured" in out  # a CPU's
     row = rows(out, "tiny")[0]  # the float32 table (a bf16 one follows where bf16 is native)
     ours, marian, plain = (number(cell) for cell in row[1:4])
     assert min(ours, marian, plain) > 0
@@ -106,8 +107,11 @@ def test_kernels_prints_each_alternative_beside_aiayns_choice(tmp_path):
 
 
 def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates(tmp_path):
-    out = run(tmp_path, "decode_speed.py", *SMALL_DECODE)
+    # 6 sentences in batches of 4: the second table's sorted into a batch of 4, then one of 2
+    out = run(tmp_path, "decode_speed.py", *SMALL_DECODE, "--sentences", "6")
+    assert "6 sentences in batches of 4" in out
     assert "varied lengths: sentence i decodes its own L_i steps" in out
+    assert "sorted by length into batches of 4" in out
     for strategy in ("greedy", "beam 4"):
         fixed, varied = rows(out, strategy)  # every sentence the same length, then its own
         aiayn, _, _, int8, hf = (number(cell) for cell in fixed[1:6])
@@ -115,6 +119,26 @@ def test_decode_speed_prints_every_engine_and_the_ratios_of_its_rates(tmp_path):
         assert number(fixed[7]) == pytest.approx(int8 / hf, rel=0.01, abs=0.006)
         aiayn, hf = number(varied[1]), number(varied[2])
         assert number(varied[3]) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
+
+
+def test_decode_speed_refuses_cuda_without_a_gpu_in_one_line(tmp_path):
+    # this layer hides CUDA GPUs (conftest), so torch sees none, as on CI
+    done = cli(["--device", "cuda", *SMALL_DECODE], tmp_path, module="benchmarks/decode_speed.py")
+    assert done.returncode == 2, done.stderr[-3000:]  # argparse's usage error
+    assert "Traceback" not in done.stderr and not done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "decode_speed.py: error: --device cuda: torch sees no CUDA GPU here"
+
+
+def test_decode_speed_shape_base_is_the_papers_base_and_a_flag_beside_it_wins(tmp_path):
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); "
+        "import decode_speed as d; a = d.arguments('x', devices=True); "
+        "print(a.d_model, a.heads, a.layers, a.ffn, a.vocab, a.sentences, a.device)"
+    )
+    done = cli(["-c", code, "--shape", "base", "--layers", "2"], tmp_path, module="")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["512", "8", "2", "2048", "37000", "32", "cpu"]
 
 
 def test_ct2_settings_prints_each_setting_against_hf(monkeypatch, tmp_path):

@@ -193,6 +193,13 @@ def accumulate_for(
     return max(1, round(tokens_per_update / (max_tokens * process_count(devices, num_nodes))))
 
 
+def share_for(tokens_per_update: int, devices: Any, num_nodes: int = 1) -> int:
+    """Tokens per process and micro-batch so that one micro-batch on every process makes an
+    update of `tokens_per_update` (the largest micro-batch, the fastest step, where memory
+    allows): 25 000 on one GPU, 3 125 on each of 8."""
+    return max(1, tokens_per_update // process_count(devices, num_nodes))
+
+
 def process_count(devices: Any, num_nodes: int = 1) -> int:
     """The training processes (world size) of `trainer.devices` x `trainer.num_nodes`.
 
@@ -227,6 +234,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("aiayn_sweep_dir", sweep_dir, replace=True, use_cache=True)
     OmegaConf.register_new_resolver("aiayn_output_subdir", resume_output_subdir, replace=True)
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
+    OmegaConf.register_new_resolver("aiayn_share", share_for, replace=True)
     OmegaConf.register_new_resolver("aiayn_processes", process_count, replace=True)
 
 

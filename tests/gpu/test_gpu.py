@@ -3,9 +3,9 @@ torch sees no CUDA GPU). It trains through `train.py` as a user does: each preci
 gradient clipping, DDP on 2 GPUs, FSDP on the GPUs there are, a SIGKILL and a resume equal to
 an uninterrupted run; decodes with beam search, `evaluate.py` and `translate.py` on the GPU
 (float32 equal to the CPU, bf16/fp16 by `dtype=auto`), CTranslate2 on the GPU; and runs
-`benchmarks/train_speed.py --device cuda`. The CPU emulation of what CUDA enforces (collectives
-on the device, no host-device syncs in a step, float16 with a GradScaler) is
-`tests/training/test_gpu_contracts.py`."""
+`benchmarks/train_speed.py --device cuda` and `benchmarks/decode_speed.py --device cuda`. The
+CPU emulation of what CUDA enforces (collectives on the device, no host-device syncs in a step,
+float16 with a GradScaler) is `tests/training/test_gpu_contracts.py`."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_each_precision_trains_with_clipping_and_decodes(precision, tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     auto = "bf16-mixed" if bf16_native("cuda") else "16-mixed"
     assert metrics["precision"] == (auto if precision == "auto" else precision)
-    assert metrics["kernels"] == "torch"
+    assert metrics["kernels"] == "gpu" and metrics["compile"] is False  # COMPILE_WINS
     assert 0.0 <= metrics["test"]["test/bleu"] <= 100.0
 
 
@@ -172,3 +172,90 @@ def test_train_speed_on_cuda_prints_mfu_against_the_datasheet_beside_marian(tmp_
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     for shape in ("tiny", "small", "base", "big"):
         assert any(row.startswith(f"| {shape} ") for row in rows), result.stdout
+
+
+def test_decode_speed_on_cuda_prints_aiayn_beside_hf_and_the_ratios_of_its_rates(tmp_path):
+    pytest.importorskip("transformers")
+    import subprocess
+
+    small = ["--d-model", "32", "--heads", "2", "--layers", "1", "--ffn", "64", "--vocab", "100"]
+    small += ["--batch-size", "4", "--sentences", "6", "--src-len", "5", "--new-tokens", "6"]
+    command = [sys.executable, "benchmarks/decode_speed.py", "--device", "cuda"]
+    result = subprocess.run(
+        [*command, *small, "--repeats", "1"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert torch.cuda.get_device_name() in out and torch.__version__ in out
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()]
+    for strategy in ("greedy", "beam 4"):
+        # every sentence the same length: aiayn, CT2 bf16, CT2 int8, HF, aiayn/HF, CT2 int8/HF
+        fixed, varied = [row for row in rows if row[0] == strategy]
+        aiayn, hf = float(fixed[1]), float(fixed[4])
+        assert float(fixed[5].removesuffix("x")) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
+        for name, cell in (("CT2 bf16", fixed[2]), ("CT2 int8", fixed[3])):
+            assert (cell == "skipped" and f"{name}: skipped: " in out) or float(cell) > 0, out
+        aiayn, hf = float(varied[1]), float(varied[2])
+        assert float(varied[3].removesuffix("x")) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_blocked_cuda_loss_equals_cross_entropy_without_the_whole_logits(dtype):
+    """kernels=gpu: the output layer fused into the loss a block at a time gives
+    F.cross_entropy's loss and gradients within the half precision's tolerance (float16 under
+    a GradScaler's 65 536), and its peak memory stays far below one float32 N x V array."""
+    from aiayn import kernels
+    from aiayn.model.embedding import OutputProjection
+    from aiayn.training.loss import projected_label_smoothed_loss, torch_label_smoothed_loss
+
+    torch.manual_seed(0)
+    n, d, v = 8192, 512, 37000
+    features = torch.randn(n, d, device="cuda", requires_grad=True)
+    output = OutputProjection(d, v, None, False).cuda()
+    torch.nn.init.normal_(output.weight, std=d**-0.5)
+    target = torch.randint(4, v, (n,), device="cuda")
+    target[-100:] = 0  # padding
+    results = []
+    for policy in ("gpu", "torch"):
+        kernels.use(policy)
+        features.grad, output.weight.grad = None, None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=dtype):
+            if policy == "gpu":
+                loss, nll = projected_label_smoothed_loss(features, output, target, 0.1)
+            else:
+                loss, nll = torch_label_smoothed_loss(output(features), target, 0.1)
+        (loss * 65536.0).backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        grads = (features.grad / 65536.0, output.weight.grad / 65536.0)
+        results.append((loss.detach().float(), nll.float(), grads, peak))
+    kernels.use("cpu")
+    (loss, nll, grads, peak), (ref_loss, ref_nll, ref_grads, ref_peak) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-2, atol=1e-2)
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(got).all()
+        scale = want.abs().max()
+        assert (got - want).abs().max() <= 2e-2 * scale
+    assert peak < n * v * 4 / 2 < ref_peak  # under half of one float32 N x V array
+
+
+def test_a_training_step_off_the_log_steps_never_waits_for_the_gpu(tmp_path):
+    """A real compiled bf16 run on the GPU with CUDA's sync debug mode set to error inside
+    the steps that are not log steps: no step reads the device or blocks on a copy."""
+    run, _ = _train(
+        tmp_path,
+        "trainer.log_every_n_steps=20",
+        "+callbacks.no_sync._target_=tests.gpu.cuda_rules.NoCudaSync",
+        "+callbacks.no_sync.every=20",
+    )
+    assert json.loads((run / "metrics.json").read_text())["updates"] == 60

@@ -19,6 +19,20 @@ class KillAtStep(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class TermAtStep(L.Callback):
+    """SIGTERM to the process when the update after `step` is about to start (once), only on
+    DDP rank `rank` when given."""
+
+    def __init__(self, step: int, rank: int | None = None) -> None:
+        self.step, self.rank, self.sent = step, rank, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        here = self.rank in (None, trainer.global_rank)
+        if trainer.global_step == self.step and here and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class KillJobAtStep(KillAtStep):
     """KillAtStep in the Hydra multirun job whose number the environment's
     `AIAYN_TEST_KILL_JOB` gives (a sweep killed in that job); never without it, so a

@@ -113,6 +113,18 @@ def test_paper_recipes_carry_the_whole_paper_recipe(experiment, devices, max_tok
 
 
 @pytest.mark.parametrize(
+    ("devices", "nodes", "expected"), [(1, 1, 25000), (4, 1, 6250), (8, 1, 3125), (4, 2, 3125)]
+)
+def test_each_process_takes_its_share_of_the_update_in_one_micro_batch(devices, nodes, expected):
+    """paper_base/paper_big's micro-batch per GPU: the update's 25 000 tokens split over the
+    processes, so that no GPU accumulates (the fastest step where memory allows)."""
+    from aiayn.config import accumulate_for, share_for
+
+    assert share_for(25000, devices, nodes) == share_for(25000, [0] * devices, nodes) == expected
+    assert accumulate_for(25000, expected, devices, nodes) == 1
+
+
+@pytest.mark.parametrize(
     ("tokens", "max_tokens", "devices", "nodes", "expected"),
     [(25000, 6250, 1, 1, 4), (25000, 6250, 2, 1, 2), (25000, 6250, 2, 2, 1), (9000, 4096, 1, 1, 2)],
 )

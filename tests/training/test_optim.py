@@ -191,3 +191,102 @@ def test_epochs_of_unknown_length_cool_down_by_the_clock_or_are_refused(tmp_path
             module._budget_spent()
         return
     assert module._budget_spent()(3) == pytest.approx(0.75)
+
+
+def _ranks_under_a_synced_timer(monkeypatch, paces: list[float], updates: int) -> dict:
+    """SyncedTimers of `len(paces)` ranks whose clocks run `paces[r]` seconds per update,
+    stepped in lockstep over `updates` updates of a 10 s budget (log steps: every 4th
+    update); rank 0's broadcasts reach every rank. Returns each rank's cooldown share after
+    every update, the update each stopped at, and the updates whose start broadcast."""
+    from types import SimpleNamespace
+
+    from aiayn.callbacks import timer as timer_module
+    from aiayn.callbacks.timer import SyncedTimer
+
+    monkeypatch.setattr(timer_module, "sync_step", lambda t: (t.global_step + 1) % 4 == 0)
+    ranks = range(len(paces))
+    clocks = [0.0 for _ in ranks]
+    sent: list = []  # rank 0's broadcasts, in order
+    read_at: list[int] = []
+
+    def broadcast(rank: int, trainer):
+        def give(obj):
+            if rank == 0:
+                sent.append(obj)
+                read_at.append(trainer.global_step + 1)
+            return sent[-1]
+
+        return give
+
+    trainers, timers = [], []
+    for rank in ranks:
+        trainer = SimpleNamespace(
+            global_step=0,
+            accumulate_grad_batches=1,
+            is_last_batch=False,
+            should_stop=False,
+            world_size=len(paces),
+        )
+        trainer.strategy = SimpleNamespace(broadcast=broadcast(rank, trainer))
+        timer = SyncedTimer(duration={"seconds": 10}, verbose=False)
+        timer.time_elapsed = lambda *a, r=rank: clocks[r]
+        timer.setup(trainer, None, "fit")
+        timer._read(trainer, pace=False)  # on_train_start
+        trainers.append(trainer)
+        timers.append(timer)
+    shares = {rank: [] for rank in ranks}
+    stopped = {rank: None for rank in ranks}
+    for update in range(1, updates + 1):
+        for rank in ranks:
+            trainer = trainers[rank]
+            trainer.global_step = update - 1
+            timers[rank].on_train_batch_start(trainer, None, None, update - 1)
+            if trainer.should_stop and stopped[rank] is None:
+                stopped[rank] = update
+            clocks[rank] += paces[rank]
+            trainer.global_step = update
+            shares[rank].append(timers[rank].budget_share(update))
+    return {"shares": shares, "stopped": stopped, "read_at": read_at[1:]}
+
+
+def test_every_rank_follows_rank_zeros_clock_read_at_log_steps_only(monkeypatch):
+    """Two ranks whose clocks disagree (rank 1's runs slower) read rank 0's at the starts
+    of the log steps only and estimate it alike between them (from its pace): every rank has
+    the same cooldown share after every update and stops at the same update, the one whose
+    end reaches the 10 s budget by rank 0's clock, as Lightning's Timer would."""
+    seen = _ranks_under_a_synced_timer(monkeypatch, [1.0, 1.3], updates=12)
+    assert seen["read_at"] == [4, 8, 12]  # the log updates' starts; none between them
+    assert seen["shares"][0] == seen["shares"][1]
+    # no pace is known before the first log step (a resumed run has its checkpoint's)
+    assert seen["shares"][0][:9] == pytest.approx([0.0] * 3 + [u / 10 for u in range(4, 10)])
+    assert seen["stopped"] == {0: 10, 1: 10}
+
+
+def test_one_process_reads_its_own_clock_every_update(monkeypatch):
+    """In one process nothing is broadcast: the cooldown's share is the clock itself and the
+    update whose end the last update's pace puts at the budget is the last."""
+    seen = _ranks_under_a_synced_timer(monkeypatch, [1.25], updates=9)
+    assert seen["shares"][0] == pytest.approx([min(1.0, 1.25 * u / 10) for u in range(1, 10)])
+    assert seen["stopped"] == {0: 8}
+
+
+def test_the_cooldown_under_a_synced_timer_costs_no_collective(tmp_path):
+    """`_budget_spent` takes the synced clock's share as it is: no broadcast (the strategy
+    here has none)."""
+    from types import SimpleNamespace
+
+    from aiayn.callbacks.timer import SyncedTimer
+    from aiayn.training.run import build, validate
+    from tests.helpers import compose_train, fast_overrides
+
+    cfg = compose_train([*fast_overrides(tmp_path), "optim.cooldown=0.5"], tmp_path)
+    _, module = build(validate(cfg))
+    clock = SyncedTimer(duration={"seconds": 10})
+    clock._shared, clock._read_at, clock._read_step, clock._pace = True, 6.0, 4, 0.5
+    module._trainer = SimpleNamespace(
+        estimated_stepping_batches=100, callbacks=[clock], strategy=SimpleNamespace()
+    )
+    spent = module._budget_spent()
+    assert spent(4) == pytest.approx(0.6) and spent(8) == pytest.approx(0.8)
+    clock._pace = 0.0
+    assert spent(90) == pytest.approx(0.9)  # the step budget, where it is the larger share

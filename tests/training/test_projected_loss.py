@@ -274,3 +274,49 @@ def test_the_modules_update_has_the_gradients_of_the_whole_logits(model, precisi
     for name in fused:  # bf16 products: to a few bf16 roundings of each gradient's scale
         scale = whole[name].abs().max().item()
         torch.testing.assert_close(fused[name], whole[name], rtol=0, atol=0.05 * scale, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_gpu_path_pads_to_equal_blocks_and_keeps_the_loss_and_gradients(
+    dtype, bias, monkeypatch
+):
+    """`kernels=gpu`'s path (CPU tensors let in): the 21 rows padded to 24, in `GPU_BLOCKS`
+    equal blocks, give the whole logits' loss and gradients; in float16 products under a
+    GradScaler's scale of 65 536, each row's gradient is formed unscaled and unnormalised,
+    so none underflows, and the result equals float32 within float16's precision."""
+    from aiayn import kernels
+
+    monkeypatch.setattr(loss_module, "GPU_DEVICES", ("cuda", "cpu"))
+    precise = torch.float64 if dtype == torch.float64 else torch.float32
+    output = output_layer(bias, None, precise)
+    features = torch.randn(3, 7, D, dtype=precise, requires_grad=True)
+    seen = []
+    apply = loss_module._ProjectedLabelSmoothedCE.apply
+    monkeypatch.setattr(
+        loss_module._ProjectedLabelSmoothedCE,
+        "apply",
+        lambda x, *rest: seen.append((x.size(0), rest[5])) or apply(x, *rest),
+    )
+    kernels.use("gpu")
+    try:
+        products = product_dtype(features.to(dtype), output.weight.to(dtype))
+        assert products == dtype
+        fused = loss_and_grads(
+            lambda: loss_module.blocked_projected_loss(
+                features, output, TARGET, 0.1, 0, None, dtype
+            ),
+            features,
+            output,
+            scale=65536.0,
+        )
+    finally:
+        kernels.use("cpu")
+    assert seen == [(24, loss_module.GPU_BLOCKS)]  # 21 rows padded to 3 rows a block
+    whole = loss_and_grads(
+        lambda: label_smoothed_loss(output(features), TARGET, 0.1), features, output, 65536.0
+    )
+    tolerance = {} if dtype == torch.float64 else {"rtol": 5e-3, "atol": 5e-3 * 65536 / 21}
+    for got, want in zip(fused, whole, strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, **tolerance)

@@ -22,19 +22,20 @@ def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch
         device=torch.device("cpu"),
         log=lambda name, value, **_: logged.setdefault(name, []).append(float(value)),
     )
-    callback = Throughput()  # peak_flops stays None: no MFU, which needs a model config
+    callback = Throughput()  # peak stays None: no MFU, which needs a model config
     assert callback.mean_rate(1) is None
     batches = [
         SimpleNamespace(num_src_tokens=300, num_tgt_tokens=100),
         SimpleNamespace(num_src_tokens=500, num_tgt_tokens=300),
         SimpleNamespace(num_src_tokens=60, num_tgt_tokens=40),
     ]
-    callback.on_train_batch_start(None)  # 10.0
-    callback.on_train_batch_end(None, pl_module, None, batches[0])  # 12.0: 400 tokens in 2 s
-    callback.on_train_batch_end(None, pl_module, None, batches[1])  # 14.0: 800 in 2 s
-    callback.on_validation_start(None, pl_module)
-    callback.on_train_batch_start(None)  # 100.0: the clock restarts after validation
-    callback.on_train_batch_end(None, pl_module, None, batches[2])  # 101.0: 100 in 1 s
+    one = SimpleNamespace(world_size=1)  # one process: the rate of every step is logged
+    callback.on_train_batch_start(one)  # 10.0
+    callback.on_train_batch_end(one, pl_module, None, batches[0])  # 12.0: 400 tokens in 2 s
+    callback.on_train_batch_end(one, pl_module, None, batches[1])  # 14.0: 800 in 2 s
+    callback.on_validation_start(one, pl_module)
+    callback.on_train_batch_start(one)  # 100.0: the clock restarts after validation
+    callback.on_train_batch_end(one, pl_module, None, batches[2])  # 101.0: 100 in 1 s
     assert logged["train/tokens_per_sec"] == [200.0, 400.0, 100.0]
     assert callback.mean_rate(1) == pytest.approx(1300 / 5)
     assert callback.mean_rate(1, target_only=True) == pytest.approx(440 / 5)
@@ -62,9 +63,10 @@ def test_peak_resident_memory_is_logged_as_the_kernel_counts_it():
     batch = SimpleNamespace(num_src_tokens=10, num_tgt_tokens=10)
     callback = Throughput()
     before = _peak_kib_from_proc()
-    callback.on_train_batch_end(None, pl_module, None, batch)
+    one = SimpleNamespace(world_size=1)
+    callback.on_train_batch_end(one, pl_module, None, batch)
     grown = torch.ones((before + 64 * 1024) * 256)  # resident: 64 MiB more than the old peak
-    callback.on_train_batch_end(None, pl_module, None, batch)
+    callback.on_train_batch_end(one, pl_module, None, batch)
     after = _peak_kib_from_proc()
     first, second = logged["train/peak_rss_mib"]
     lag = 4  # MiB: getrusage and /proc read counters that the kernel syncs now and then
@@ -72,18 +74,44 @@ def test_peak_resident_memory_is_logged_as_the_kernel_counts_it():
     assert second >= grown.numel() * 4 / 2**20  # the new peak is seen
 
 
-def test_metrics_json_records_the_matmul_peak_that_mfu_divides_by(monkeypatch, tmp_path):
-    """The peak measured at fit start is the denominator of every `train/mfu` value and is
-    written to metrics.json in GFLOP/s (here a stand-in for the measurement)."""
+def test_metrics_json_records_the_peak_that_mfu_divides_by(monkeypatch, tmp_path):
+    """On the CPU (no datasheet) the peak measured at fit start is the denominator of every
+    `train/mfu` value; metrics.json names it as measured and gives it in both fields (here a
+    stand-in for the measurement), and each logged MFU is the step's model FLOP/s over it."""
+    from aiayn.kernels import machine
     from aiayn.training.run import run
-    from tests.helpers import compose_train
+    from tests.helpers import compose_train, csv_metrics
 
     measured = []
-    monkeypatch.setattr(module, "matmul_flops", lambda *a: measured.append(a) or 250e9)
+    monkeypatch.setattr(machine, "matmul_flops", lambda *a: measured.append(a) or 250e9)
     overrides = ["model=tiny", "trainer.max_steps=3", "trainer.max_epochs=-1", "test=false"]
     overrides += ["trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null"]
-    overrides += ["~callbacks.rich_progress_bar"]
+    overrides += ["~callbacks.rich_progress_bar", "trainer.log_every_n_steps=1"]
     metrics = run(compose_train(overrides, output_dir=tmp_path))
     assert len(measured) == 1 and measured[0][0] == torch.float32  # once, in fp32
     assert metrics["matmul_peak_gflops"] == 250.0
-    assert json.loads((tmp_path / "metrics.json").read_text())["matmul_peak_gflops"] == 250.0
+    assert metrics["mfu_peak_tflops"] == 0.25 and metrics["mfu_peak_source"] == "measured"
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["mfu_peak_source"] == "measured" and written["mfu_peak_tflops"] == 0.25
+    mfu = csv_metrics(tmp_path)["train/mfu"]
+    assert len(mfu) == 3 and all(0 < m < float("inf") for m in mfu)
+
+
+def test_mfu_divides_by_the_datasheet_peak_of_a_listed_gpu(monkeypatch):
+    """A listed card's MFU peak is its datasheet's for the precision in use (the measured one
+    beside it, named as such); an unlisted card and the CPU fall back to the measured peak."""
+    from aiayn.kernels import machine
+
+    monkeypatch.setattr(machine, "matmul_flops", lambda *a: 700e12)
+    names = iter(["NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla V100-SXM2-16GB", "Some GPU"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: next(names))
+    h100 = machine.mfu_peak(torch.bfloat16, torch.device("cuda"))
+    assert (h100.flops, h100.source, h100.measured) == (989e12, "datasheet", 700e12)
+    h200 = machine.mfu_peak(torch.float32, torch.device("cuda"), measure=False)
+    assert (h200.flops, h200.source, h200.measured) == (494e12, "datasheet", None)
+    v100 = machine.mfu_peak(torch.float16, torch.device("cuda"))
+    assert v100.flops == 125e12
+    unlisted = machine.mfu_peak(torch.bfloat16, torch.device("cuda"))
+    assert (unlisted.flops, unlisted.source) == (700e12, "measured")
+    assert machine.mfu_peak(torch.float32, "cpu", measure=False) is None
+    assert machine.datasheet_peak("Tesla V100-PCIE-32GB", torch.bfloat16) is None

@@ -1,5 +1,6 @@
 """Lightning callbacks of a training run. `conf/callbacks/*.yaml` instantiate them by these
-names (`aiayn.callbacks.<Name>`); `RNGState` and `Throughput` are added to every run."""
+names (`aiayn.callbacks.<Name>`); `RNGState`, `Throughput` and `SigtermAtLogSteps` are added to
+every run, and `SyncedTimer` takes the place of the Timer that `trainer.max_time` gives."""
 
 from aiayn.callbacks.attention import AttentionMaps
 from aiayn.callbacks.averaging import AverageCheckpoints
@@ -7,7 +8,9 @@ from aiayn.callbacks.ema import EMA
 from aiayn.callbacks.last_checkpoint import LastCheckpoint
 from aiayn.callbacks.rng import RNGState
 from aiayn.callbacks.samples import SampleTranslations
+from aiayn.callbacks.sigterm import SigtermAtLogSteps
 from aiayn.callbacks.throughput import Throughput
+from aiayn.callbacks.timer import SyncedTimer
 
 __all__ = [
     "EMA",
@@ -16,5 +19,7 @@ __all__ = [
     "LastCheckpoint",
     "RNGState",
     "SampleTranslations",
+    "SigtermAtLogSteps",
+    "SyncedTimer",
     "Throughput",
 ]

@@ -12,6 +12,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from aiayn.training.loggers import sync_step
+
 log = logging.getLogger(__name__)
 
 
@@ -84,18 +86,18 @@ class LastCheckpoint(ModelCheckpoint):
         if step == 0 or step == self._last_global_step_saved:
             return
         due = self.every > 0 and step % self.every == 0
-        if self.every_minutes > 0 and self._reads_clock(trainer, step):
+        if self.every_minutes > 0 and self._reads_clock(trainer):
             late = time.monotonic() - self._saved_at >= 60 * self.every_minutes
             due = due or bool(trainer.strategy.broadcast(late))
         if due:
             self._save(trainer)
 
     @staticmethod
-    def _reads_clock(trainer: L.Trainer, step: int) -> bool:
-        """Every update in one process; under DDP, where Lightning logs (it reads the device
-        there anyway): saving is collective, so every rank follows rank 0's clock, which
-        costs a broadcast that waits for the device."""
-        return trainer.world_size == 1 or step % max(1, trainer.log_every_n_steps) == 0
+    def _reads_clock(trainer: L.Trainer) -> bool:
+        """Every update in one process; under DDP, at log steps (`sync_step`: where Lightning
+        reads the device anyway): saving is collective, so every rank follows rank 0's clock,
+        which costs a broadcast that waits for the device."""
+        return trainer.world_size == 1 or sync_step(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pass  # only validations, step intervals and the end of training write last.ckpt

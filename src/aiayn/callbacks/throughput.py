@@ -1,8 +1,10 @@
 """`Throughput`: `train/tokens_per_sec`, real (non-padding) source + target tokens per second
 of training time, summed over ranks (validation time does not count); `train/mfu`, the model
-FLOP utilisation: the step's matrix-product FLOPs (3 x `forward_flops` of the padded batch)
-per second over the matrix-multiply peak measured on this device in the training precision
-at the start of fitting; and `train/elapsed_min`, wall-clock minutes of fitting (validation
+FLOP utilisation as `aiayn.kernels.machine` defines it for every MFU of the project: the step's
+matrix-product FLOPs (3 x `forward_flops` of the padded batch) per second over the GPU's
+datasheet dense peak in the training precision (`mfu_peak`; on a CPU or an unlisted card, the
+peak measured on the device at the start of fitting, which `metrics.json` names as such); and
+`train/elapsed_min`, wall-clock minutes of fitting (validation
 included; a resumed run continues from its checkpoint's minutes), the x axis of the curves in
 `experiments/`; and `train/peak_rss_mib`, the highest resident memory of this process so far
 (host memory, MiB: the figure `/usr/bin/time` reports at the end), whose curve shows when a
@@ -17,9 +19,9 @@ from typing import Any
 import lightning as L
 import torch
 
-from aiayn.kernels.machine import bf16_native, matmul_flops
+from aiayn.kernels.machine import MfuPeak, mfu_peak
 from aiayn.model.summary import forward_flops
-from aiayn.training.loggers import log_host
+from aiayn.training.loggers import log_host, log_step
 
 try:
     import resource
@@ -47,15 +49,16 @@ def peak_rss_mib() -> float | None:
 
 
 class Throughput(L.Callback):
-    """Logs `train/tokens_per_sec` every step and keeps this process's totals (`tokens`,
-    `target_tokens`, `seconds`) for the run's mean rates. Added to every run by
-    `aiayn.training.run`."""
+    """Logs `train/tokens_per_sec` every step (under DDP, where the sum over ranks is a
+    collective, at log steps only: `aiayn.training.loggers.log_step`) and keeps this
+    process's totals (`tokens`, `target_tokens`, `seconds`) for the run's mean rates. Added
+    to every run by `aiayn.training.run`."""
 
     def __init__(self) -> None:
         self.tokens, self.target_tokens, self.seconds = 0, 0, 0.0
         self._last: float | None = None
         self._start: float | None = None
-        self.peak_flops: float | None = None  # per device, measured at fit start
+        self.peak: MfuPeak | None = None  # what train/mfu divides by (set at fit start)
         self._before = 0.0  # minutes of fitting in the attempts before this one (resume)
         self._minutes = 0.0  # the last train/elapsed_min logged
 
@@ -67,12 +70,7 @@ class Throughput(L.Callback):
         return tokens / self.seconds * world_size if self.seconds > 0 else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dtype = precision_dtype(trainer.precision)
-        device = pl_module.device
-        size = 4096 if device.type == "cuda" else 1024
-        if device.type == "cpu" and dtype != torch.float32 and not bf16_native("cpu"):
-            size = 256  # emulated half precision is slow: a small product says as much
-        self.peak_flops = matmul_flops(dtype, size, 3, pl_module.device)
+        self.peak = mfu_peak(precision_dtype(trainer.precision), pl_module.device)
         self._start = time.perf_counter()
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
@@ -89,14 +87,18 @@ class Throughput(L.Callback):
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
         self.target_tokens += batch.num_tgt_tokens
         # summed over ranks, so on the module's device (NCCL has no CPU tensors), made there by
-        # a fill: a copy of host data would wait for the device
-        rate = torch.full((), tokens / elapsed, device=pl_module.device)
-        pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
-        if self.peak_flops:
+        # a fill: a copy of host data would wait for the device; under DDP at log steps only,
+        # as the sum is a collective (a rate logged between them would never be written)
+        if trainer.world_size == 1 or log_step(trainer):
+            rate = torch.full((), tokens / elapsed, device=pl_module.device)
+            pl_module.log(
+                "train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum"
+            )
+        if self.peak is not None:
             flops = 3 * forward_flops(
                 pl_module.model_config, *batch.src.shape, batch.tgt_in.size(1)
             )
-            log_host(pl_module, "train/mfu", flops / elapsed / self.peak_flops)
+            log_host(pl_module, "train/mfu", flops / elapsed / self.peak.flops)
         self._minutes = self._before + (now - (self._start or now)) / 60.0
         log_host(pl_module, "train/elapsed_min", self._minutes, reduce_fx="max")
         rss = peak_rss_mib()

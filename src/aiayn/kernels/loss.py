@@ -1,4 +1,5 @@
-"""The CPU kernels of the training loss (`kernels=cpu`; `aiayn.training.loss` chooses them).
+"""The kernels of the training loss (`kernels=cpu` on the CPU, `kernels=gpu` on CUDA;
+`aiayn.training.loss` chooses them).
 
 `fused_label_smoothed_loss` never materialises the log-probabilities: the forward pass reduces
 the logits to three numbers per token (log-sum-exp, gold logit, mean logit), and the backward
@@ -10,7 +11,9 @@ log-probabilities and build three more of that size in backward.
 output layer, builds the logits a block of rows at a time, and computes the loss and the
 gradients of the features and the output matrix in the same loop, so that neither the
 batch's logits nor their gradient is ever whole (as Liger Kernel's and Apple's Cut
-Cross-Entropy do on GPUs).
+Cross-Entropy do on GPUs). It is plain PyTorch (``torch.mm``/``addmm``, cuBLAS on a GPU), the
+path of the CPU kernels and of CUDA tensors under `kernels=gpu`; with a constant number of
+blocks on CUDA (`GPU_BLOCKS`) it traces into one graph for `torch.compile`, whatever the batch.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from aiayn.kernels.policy import cpu_kernels
+from aiayn.kernels.policy import cpu_kernels, gpu_kernels
 from aiayn.model.embedding import OutputProjection
 
 
@@ -81,17 +85,21 @@ def fused_label_smoothed_loss(
     return _LabelSmoothedCE.apply(logits, target, epsilon, pad_id)
 
 
-BLOCK_ROWS = 256  # rows of logits per block in `projected_label_smoothed_loss`
+BLOCK_ROWS = 256  # CPU: rows of logits per block in `projected_label_smoothed_loss`
+GPU_BLOCKS = 8  # CUDA: blocks per batch, a constant so that a compiled step keeps one graph
+GPU_DEVICES = ("cuda",)  # the devices whose tensors `kernels=gpu` gives the blocked loss
 
 
 class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     """(loss, nll) of ``logits = x @ weight.T + bias`` against ``target (N,)``, the logits built
-    ``rows`` at a time and never whole, their products in ``dtype`` and their softmax in at
-    least float32; with ``grads`` the forward pass also computes the gradients of the loss (for
-    an upstream gradient of 1, in the inputs' dtypes), which backward scales."""
+    a block of rows at a time (``blocks`` blocks, `Tensor.tensor_split`'s) and never whole,
+    their products in ``dtype`` and their softmax in at least float32; with ``grads`` the
+    forward pass also computes the gradients of the loss summed over the kept rows (in the
+    inputs' dtypes, each row's gradient of the logits within [-1, 1], so that float16
+    products neither underflow nor overflow), which backward scales by the upstream gradient
+    over the number of kept rows (a GradScaler's scale included)."""
 
     @staticmethod
-    @torch.autocast("cpu", enabled=False)  # the products' dtype is explicit (CPU only)
     def forward(
         ctx: Any,
         x: Tensor,
@@ -100,100 +108,107 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         target: Tensor,
         epsilon: float,
         pad_id: int,
-        rows: int,
+        blocks: int,
         grads: bool,
         dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         """``x (N, D)``, ``weight (V, D)``, ``bias (V,)``, ``target (N,)``."""
-        (n, _), vocab = x.shape, weight.size(0)
-        soft = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
-        keep = target.ne(pad_id)
-        share = keep.to(soft) / keep.sum().clamp(min=1)  # (N,) each row's weight in the mean
-        x_p, w_p = x.to(dtype), weight.to(dtype)
-        b_p = bias.to(dtype) if bias is not None else None
-        gold, gold_log_prob = x.new_empty(n, dtype=soft), x.new_empty(n, dtype=soft)
-        if grads:
-            grad_x = torch.empty_like(x)
-            grad_w = torch.zeros(weight.shape, dtype=soft, device=x.device)
-            grad_b = torch.zeros_like(bias, dtype=soft) if bias is not None else None
-        products = x.new_empty(min(rows, n), vocab, dtype=dtype)
-        block = products if soft == dtype else torch.empty_like(products, dtype=soft)
-        for start in range(0, n, rows):
-            rows_here = slice(start, start + rows)
-            xb, tb = x_p[rows_here], target[rows_here].unsqueeze(-1)
-            size = xb.size(0)
-            if b_p is None:
-                logits = torch.mm(xb, w_p.t(), out=products[:size])
-            else:
-                logits = torch.addmm(b_p, xb, w_p.t(), out=products[:size])
-            logits = block[:size].copy_(logits) if soft != dtype else logits
-            gold[rows_here] = logits.gather(-1, tb).squeeze(-1)
-            # in place: one fused pass, where logsumexp would build two temporaries
-            log_probs = torch.log_softmax(logits, -1, out=logits)
-            gold_log_prob[rows_here] = log_probs.gather(-1, tb).squeeze(-1)
-            if not grads:
-                continue
-            # d loss / d logits = share * (softmax - ε / V - (1 - ε) onehot(target)), formed here
-            # in float32 (or float64), before any rounding to the products' dtype
-            row_share = share[rows_here].unsqueeze(-1)
-            grad = log_probs.exp_().sub_(epsilon / vocab)
-            grad.scatter_add_(-1, tb, grad.new_full((size, 1), epsilon - 1)).mul_(row_share)
-            if grad_b is not None:
-                grad_b.add_(grad.sum(0))
-            grad_p = products[:size].copy_(grad) if soft != dtype else grad
-            if grad_x.dtype == dtype:
-                torch.mm(grad_p, w_p, out=grad_x[rows_here])
-            else:  # a bfloat16 product into float32 features' gradient
-                grad_x[rows_here] = grad_p @ w_p
-            if soft == dtype:
-                grad_w.addmm_(grad_p.t(), xb)
-            else:  # bfloat16 products, summed in float32 block by block
-                grad_w.add_(grad_p.t() @ xb)
-        # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
-        mean = x.to(soft) @ weight.to(soft).mean(0)
-        if bias is not None:
-            mean += bias.to(soft).mean()
-        lse = gold - gold_log_prob  # log-sum-exp of each row's logits
-        nll = -(gold_log_prob * share).sum()
-        smooth = ((lse - mean) * share).sum()
-        ctx.mark_non_differentiable(nll)
-        if grads:
-            saved = [grad_x, grad_w.to(weight.dtype)]
-            if grad_b is not None:
-                saved.append(grad_b.to(bias.dtype))
-            ctx.save_for_backward(*saved)
-        return (1.0 - epsilon) * nll + epsilon * smooth, nll
+        with torch.autocast(x.device.type, enabled=False):  # the products' dtype is explicit
+            vocab = weight.size(0)
+            soft = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
+            keep = target.ne(pad_id)
+            ntokens = keep.sum().clamp(min=1)
+            x_p, w_p = x.to(dtype), weight.to(dtype)
+            b_p = bias.to(dtype) if bias is not None else None
+            x_blocks, t_blocks = x_p.tensor_split(blocks), target.tensor_split(blocks)
+            k_blocks = keep.tensor_split(blocks)
+            golds, gold_log_probs, grad_xs = [], [], []
+            if grads:
+                grad_w = torch.zeros(weight.shape, dtype=soft, device=x.device)
+                grad_b = torch.zeros_like(bias, dtype=soft) if bias is not None else None
+            # one buffer for every block's products (the first block is the largest)
+            products = x.new_empty(x_blocks[0].size(0), vocab, dtype=dtype)
+            block = products if soft == dtype else torch.empty_like(products, dtype=soft)
+            for xb, tb, kb in zip(x_blocks, t_blocks, k_blocks, strict=True):
+                tb, size = tb.unsqueeze(-1), xb.size(0)
+                if b_p is None:
+                    logits = torch.mm(xb, w_p.t(), out=products[:size])
+                else:
+                    logits = torch.addmm(b_p, xb, w_p.t(), out=products[:size])
+                logits = block[:size].copy_(logits) if soft != dtype else logits
+                golds.append(logits.gather(-1, tb).squeeze(-1))
+                # in place: one fused pass, where logsumexp would build two temporaries
+                log_probs = torch.log_softmax(logits, -1, out=logits)
+                gold_log_probs.append(log_probs.gather(-1, tb).squeeze(-1))
+                if not grads:
+                    continue
+                # d summed loss / d logits = kept * (softmax - ε / V - (1 - ε) onehot(target)),
+                # formed here in float32 (or float64), before any rounding to the products' dtype
+                grad = log_probs.exp_().sub_(epsilon / vocab)
+                grad.scatter_add_(-1, tb, grad.new_full((size, 1), epsilon - 1))
+                grad.mul_(kb.unsqueeze(-1))
+                if grad_b is not None:
+                    grad_b.add_(grad.sum(0))
+                grad_p = products[:size].copy_(grad) if soft != dtype else grad
+                grad_xs.append((grad_p @ w_p).to(x.dtype))
+                if soft == dtype:
+                    grad_w.addmm_(grad_p.t(), xb)
+                else:  # bfloat16 or float16 products, summed in float32 block by block
+                    grad_w.add_(grad_p.t() @ xb)
+            gold, gold_log_prob = torch.cat(golds), torch.cat(gold_log_probs)
+            # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
+            mean = x.to(soft) @ weight.to(soft).mean(0)
+            if bias is not None:
+                mean += bias.to(soft).mean()
+            lse = gold - gold_log_prob  # log-sum-exp of each row's logits
+            share = keep.to(soft) / ntokens  # (N,) each row's weight in the mean
+            nll = -(gold_log_prob * share).sum()
+            smooth = ((lse - mean) * share).sum()
+            ctx.mark_non_differentiable(nll)
+            if grads:
+                saved = [ntokens, torch.cat(grad_xs), grad_w.to(weight.dtype)]
+                if grad_b is not None:
+                    saved.append(grad_b.to(bias.dtype))
+                ctx.save_for_backward(*saved)
+            return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor | None) -> tuple:
-        grad_x, grad_w, *grad_b = (g * grad_loss for g in ctx.saved_tensors)
+        ntokens, *summed = ctx.saved_tensors
+        scale = grad_loss / ntokens
+        grad_x, grad_w, *grad_b = (g * scale.to(g.dtype) for g in summed)
         bias = grad_b[0] if grad_b else None
         return grad_x, grad_w, bias, None, None, None, None, None, None
 
 
 def product_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
     """The dtype in which `projected_label_smoothed_loss` takes its blocked path for features
-    ``x`` and output matrix ``weight``, or None where it builds the logits whole. On the CPU,
-    for plain tensors (weights that FSDP holds sharded, as DTensor, build them whole): under
-    bf16 autocast (bf16-mixed) bfloat16, the features and the matrix each float32 or bfloat16;
-    otherwise the dtype of both, float32, float64 or bfloat16 (bf16 weights). GPUs and float16
-    build them whole (measured on CPUs only)."""
+    ``x`` and output matrix ``weight``, or None where it builds the logits whole: for plain
+    tensors (weights that FSDP holds sharded, as DTensor, build them whole) on the CPU under
+    ``kernels=cpu`` and on CUDA under ``kernels=gpu`` (the GPU's ``auto``). Under autocast
+    the autocast dtype (bfloat16; CUDA's float16 too: the blocked gradients stay within
+    float16's range), the features and the matrix each float32 or bfloat16; otherwise the
+    dtype of both, float32, float64 or bfloat16 (CUDA: float16 too). ``kernels=torch`` builds
+    them whole everywhere (``F.cross_entropy``)."""
+    device = x.device.type
+    allowed = (device == "cpu" and cpu_kernels()) or (device in GPU_DEVICES and gpu_kernels())
     if not (
-        cpu_kernels()
-        and x.device.type == "cpu"
+        allowed
         and type(x) is torch.Tensor
         and type(weight) in (torch.Tensor, nn.Parameter)
         and x.numel() > 0
     ):
         return None
-    castable = (torch.float32, torch.bfloat16)
-    if torch.is_autocast_enabled("cpu") and x.dtype in castable and weight.dtype in castable:
-        dtype = torch.get_autocast_dtype("cpu")
-        return dtype if dtype == torch.bfloat16 else None
+    gpu = device in GPU_DEVICES and gpu_kernels()
+    halves = (torch.bfloat16, torch.float16) if gpu else (torch.bfloat16,)
+    castable = (torch.float32, *halves)
+    if torch.is_autocast_enabled(device) and x.dtype in castable and weight.dtype in castable:
+        dtype = torch.get_autocast_dtype(device)
+        return dtype if dtype in halves else None
     if x.dtype != weight.dtype:
         return None
-    return x.dtype if x.dtype in (torch.float32, torch.float64, torch.bfloat16) else None
+    return x.dtype if x.dtype in (torch.float32, torch.float64, *halves) else None
 
 
 def blocked_projected_loss(
@@ -202,23 +217,24 @@ def blocked_projected_loss(
     target: Tensor,
     epsilon: float,
     pad_id: int,
-    rows: int,
+    rows: int | None,
     dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """(loss, nll) of ``output``'s logits of ``x (B, T, D)`` (after its projection, if any)
-    against ``target (B, T)``, ``rows`` rows at a time with the products in ``dtype`` (what
+    against ``target (B, T)``, a block of ``rows`` rows at a time (None: `BLOCK_ROWS` on the
+    CPU, `GPU_BLOCKS` blocks of the batch on CUDA) with the products in ``dtype`` (what
     `product_dtype` gave); in a pass that takes gradients, they are computed in the loop."""
     grads = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, output.weight, output.bias)
     )
+    x, target = x.reshape(-1, x.size(-1)), target.reshape(-1)
+    if rows is None and gpu_kernels():
+        # rows of padding up to a multiple of the blocks: equal blocks, whatever the batch,
+        # so that a compiled step keeps one graph for every batch shape
+        blocks, short = GPU_BLOCKS, -x.size(0) % GPU_BLOCKS
+        x, target = F.pad(x, (0, 0, 0, short)), F.pad(target, (0, short), value=pad_id)
+    else:  # the CPU runs eagerly: the batch's rows are known here
+        blocks = max(1, -(-x.size(0) // (rows or BLOCK_ROWS)))
     return _ProjectedLabelSmoothedCE.apply(
-        x.reshape(-1, x.size(-1)),
-        output.weight,
-        output.bias,
-        target.reshape(-1),
-        epsilon,
-        pad_id,
-        rows,
-        grads,
-        dtype,
+        x, output.weight, output.bias, target, epsilon, pad_id, blocks, grads, dtype
     )

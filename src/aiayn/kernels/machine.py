@@ -1,5 +1,12 @@
-"""What the machine is and what it can do: CPU model and SIMD flags, and the measured
-matrix-multiply peak that benchmarks and the training MFU (`train/mfu`) are measured against.
+"""What the machine is and what it can do: CPU model and SIMD flags, the measured
+matrix-multiply peak, and `mfu_peak`, the one peak that every model-FLOP utilisation
+(`train/mfu`, `metrics.json`, `benchmarks/`) divides by.
+
+MFU, defined once: the model's FLOPs (3 x `aiayn.model.summary.forward_flops` of the padded
+batch: forward and backward, matrix products only) per second, over `mfu_peak`: a GPU's
+datasheet dense tensor-core peak for the precision in use (`DATASHEET_TFLOPS`). CPUs publish no
+such figure, and an unlisted card has none here: there the peak measured on the device in that
+precision (`matmul_flops`) stands in, and the run records which (`MfuPeak.source`).
 """
 
 from __future__ import annotations
@@ -7,6 +14,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -101,3 +109,61 @@ def describe(size: int = 2048, repeats: int = 5) -> dict[str, object]:
             matmul_flops(torch.bfloat16, 8192, repeats, "cuda") / 1e12, 1
         )
     return info
+
+
+# dense tensor-core peaks (TFLOP/s) from the vendors' datasheets: (bf16, fp16, tf32), by the
+# start of the name torch.cuda.get_device_name() gives (the sparse figures are twice these)
+DATASHEET_TFLOPS: dict[str, tuple[float | None, float, float]] = {
+    "NVIDIA H200": (989.0, 989.0, 494.0),
+    "NVIDIA H100 80GB HBM3": (989.0, 989.0, 494.0),  # SXM
+    "NVIDIA H100 PCIe": (756.0, 756.0, 378.0),
+    "NVIDIA H100 NVL": (835.0, 835.0, 418.0),
+    "NVIDIA A100": (312.0, 312.0, 156.0),
+    "NVIDIA A10": (125.0, 125.0, 62.5),
+    "NVIDIA L4": (121.0, 121.0, 60.0),
+    "NVIDIA L40S": (362.0, 362.0, 183.0),
+    "NVIDIA GeForce RTX 4090": (165.0, 165.0, 82.6),
+    "NVIDIA GeForce RTX 3090": (71.0, 71.0, 35.6),
+    "Tesla V100": (None, 125.0, 15.7),  # no bf16; float32 without TF32
+    "Tesla T4": (None, 65.0, 8.1),
+}
+
+
+def datasheet_peak(name: str, dtype: torch.dtype) -> float | None:
+    """FLOP/s of the card named `name` (``torch.cuda.get_device_name()``) in `dtype` by its
+    datasheet (float32 counts TF32, which GPU runs enable), or None if not listed."""
+    for prefix, peaks in DATASHEET_TFLOPS.items():
+        if name.startswith(prefix):
+            index = {torch.bfloat16: 0, torch.float16: 1}.get(dtype, 2)
+            peak = peaks[index]
+            return None if peak is None else peak * 1e12
+    return None
+
+
+@dataclass(frozen=True)
+class MfuPeak:
+    """The FLOP/s an MFU divides by, and where it comes from: ``datasheet`` or ``measured``."""
+
+    flops: float
+    source: str
+    measured: float | None = None  # the measured peak, printed beside a datasheet one
+
+
+def mfu_peak(
+    dtype: torch.dtype, device: torch.device | str = "cpu", measure: bool = True
+) -> MfuPeak | None:
+    """The peak every MFU of a run in `dtype` on `device` divides by (see the module's
+    docstring): the datasheet's for a listed GPU (with the measured one beside it when
+    `measure`), else the measured one (None without `measure`)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    measured = None
+    if measure:
+        size = 8192 if cuda else 1024
+        if not cuda and dtype != torch.float32 and not bf16_native("cpu"):
+            size = 256  # emulated half precision is slow: a small product says as much
+        measured = matmul_flops(dtype, size, 3, device)
+    sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if cuda else None
+    if sheet is not None:
+        return MfuPeak(sheet, "datasheet", measured)
+    return None if measured is None else MfuPeak(measured, "measured", measured)

@@ -44,8 +44,9 @@ class TrainConfig:
     ckpt_path: Optional[str] = None  # noqa: UP045 (OmegaConf needs Optional)
     train: bool = True
     test: bool = True
-    compile: bool = False
-    # aiayn.kernels: auto (cpu kernels on a CPU run, stock torch on GPUs), torch or cpu
+    # torch.compile the training step (aiayn.kernels.compiled): null = where it wins (GPUs)
+    compile: Optional[bool] = None  # noqa: UP045
+    # aiayn.kernels: auto (cpu on a CPU run, gpu on GPUs), torch (stock everywhere), cpu or gpu
     kernels: str = "auto"
     val_bleu: bool = True
     # decode keys for validation only, on top of `decode` (e.g. {strategy: greedy}: cheap BLEU

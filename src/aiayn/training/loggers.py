@@ -73,3 +73,29 @@ def log_host(pl_module: L.LightningModule, name: str, value: float, **kwargs: An
     """Log a number known on the host, for this rank only, as a CPU tensor: Lightning would
     copy a float to the module's device (a copy that waits for a GPU) to read it back later."""
     pl_module.log(name, torch.tensor(float(value)), batch_size=1, **kwargs)
+
+
+def log_step(trainer: L.Trainer) -> bool:
+    """Whether the current training step may read the device and communicate: a step whose
+    metrics Lightning writes (every `trainer.log_every_n_steps` updates, and the step a stop
+    was asked at), or the run's last update (whose metrics are the run's final ones in
+    `metrics.json`). Every rank answers alike. Between such steps a training step neither
+    reads the device nor communicates beyond the gradients' reduction (issue 48;
+    `tests/gpu_rules.py` checks it)."""
+    if trainer._logger_connector.should_update_logs:
+        return True
+    update = trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # the update under way
+    if trainer.max_steps is not None and 0 < trainer.max_steps <= update:
+        return True
+    last_epoch = (
+        trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+    )
+    return bool(last_epoch and trainer.is_last_batch)
+
+
+def sync_step(trainer: L.Trainer) -> bool:
+    """Whether the checks that wait for the device or for every rank run in the current
+    training step (the divergence guard, the time budget, a SIGTERM seen by another rank):
+    at log steps (`log_step`), or at every step where `trainer.log_every_n_steps=0` leaves
+    no log step to ride on."""
+    return trainer.log_every_n_steps == 0 or log_step(trainer)

@@ -1,9 +1,11 @@
 """The paper's training loss: label-smoothed cross-entropy over the non-padding targets.
 
-On GPUs and with `kernels=torch`: torch's fused ``F.cross_entropy(label_smoothing=)``. With
-the CPU kernels (`kernels=cpu`, the CPU's `auto`): `aiayn.kernels.loss`, which never builds the
-log-probabilities and, for training, fuses the output layer into the loss a block of rows at
-a time. Both give the same loss and gradients (`tests/training/test_projected_loss.py`).
+With `kernels=torch`: torch's fused ``F.cross_entropy(label_smoothing=)`` over the whole
+logits. With the CPU kernels (`kernels=cpu`, the CPU's `auto`) and on CUDA with `kernels=gpu`
+(the GPU's `auto`): `aiayn.kernels.loss`, which never builds the log-probabilities and, for
+training, fuses the output layer into the loss a block of rows at a time, so that the float32
+logits of the batch (N x V) never exist. They give the same loss and gradients
+(`tests/training/test_projected_loss.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.kernels.loss import (
-    BLOCK_ROWS,
     blocked_projected_loss,
     fused_label_smoothed_loss,
     product_dtype,
@@ -67,14 +68,16 @@ def projected_label_smoothed_loss(
     target: Tensor,
     epsilon: float,
     pad_id: int = 0,
-    rows: int = BLOCK_ROWS,
+    rows: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``label_smoothed_loss(output(features), target, epsilon, pad_id)``, with the output
     layer fused into the loss: ``features (B, T, D)`` (the decoder's, before ``output``),
     ``target (B, T)``.
 
-    Where `product_dtype` allows (the CPU kernels), the logits are built ``rows`` rows at a
-    time (a block small enough to stay in the cache) and reduced at once to the loss; in a pass
+    Where `product_dtype` allows (the CPU kernels; CUDA under `kernels=gpu`), the logits are
+    built a block of rows at a time (``rows`` rows; None: `BLOCK_ROWS`, a block small enough
+    to stay in the CPU's cache, or on CUDA `GPU_BLOCKS` blocks of the batch, a number that
+    does not depend on its size, for `torch.compile`) and reduced at once to the loss; in a pass
     that takes gradients, the gradients of the features, the output matrix and its bias are
     computed in the same loop from the block's softmax, so the batch's logits and their
     gradient, two arrays of N x V, never exist. The loop's products are the same three as

@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
+from aiayn.callbacks.timer import SyncedTimer
 from aiayn.data.dataset import Batch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError
@@ -32,7 +33,7 @@ from aiayn.kernels import accelerate
 from aiayn.model import DecodeConfig, ModelConfig, build_model
 from aiayn.model.summary import parameter_summary
 from aiayn.training.guard import UpdateGuard
-from aiayn.training.loggers import log_host
+from aiayn.training.loggers import log_host, log_step, sync_step
 from aiayn.training.loss import projected_label_smoothed_loss
 from aiayn.training.schedules import OptimConfig, lr_multiplier
 from aiayn.training.sharding import gathered, shard
@@ -69,8 +70,12 @@ class TranslationModule(L.LightningModule):
         # the process's kernel policy (kernels=..., set by aiayn.training.run): torch's own
         # modules on GPUs, the CPU kernels' subclasses of them on the CPU (aiayn.kernels)
         self.model = accelerate(build_model(self.model_config))
+        # compile: the whole loss (model, output layer and loss, forward and backward) as one
+        # graph with symbolic batch shapes (one graph for every batch, not one per shape); the
+        # model stays eager for decoding, and names and checkpoints stay the same
+        self._step_losses = self._losses
         if compile:
-            self.model.compile()  # in place: parameter names and checkpoints stay the same
+            self._step_losses = torch.compile(self._losses, dynamic=True)
         self.tokenizers: Tokenizers | None = None
         # non-finite gradients: skipped on the device, counted, the run stopped past the limit
         self.guard = UpdateGuard(
@@ -100,12 +105,15 @@ class TranslationModule(L.LightningModule):
         return self.model(src, tgt_in)
 
     def losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """(label-smoothed loss, NLL), each a mean over the non-padding targets of `batch`."""
-        features = self.model(batch.src, batch.tgt_in, features_only=True)
+        """(label-smoothed loss, NLL), each a mean over the non-padding targets of `batch`
+        (compiled as one graph with `compile=true`)."""
+        return self._step_losses(batch.src, batch.tgt_in, batch.tgt_out)
+
+    def _losses(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor]:
+        """`losses` of ``src (B, S)``, ``tgt_in (B, T)``, ``tgt_out (B, T)``."""
+        features = self.model(src, tgt_in, features_only=True)
         smoothing, pad = self.optim_config.label_smoothing, self.model_config.pad_id
-        return projected_label_smoothed_loss(
-            features, self.model.output, batch.tgt_out, smoothing, pad
-        )
+        return projected_label_smoothed_loss(features, self.model.output, tgt_out, smoothing, pad)
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
@@ -116,15 +124,27 @@ class TranslationModule(L.LightningModule):
         mean, used as is. `train/loss` stays the per-token mean of each micro-batch."""
         loss, nll = self.losses(batch)
         self._step_loss = loss.detach()
-        size = batch.src.size(0)
-        # averaged over ranks, so the DDP curve is the global batch's, not rank 0's share
-        self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
-        self.log("train/ppl", torch.exp(nll.detach()), batch_size=size, sync_dist=True)
+        if log_step(self.trainer):  # between log steps nothing here waits for the device
+            self._log_loss(self._step_loss, nll.detach())
         log_host(self, "train/lr", self.optimizers().param_groups[0]["lr"])
         if not self._normalises_over_update():
             return loss
         self._update_tokens += batch.num_tgt_tokens  # counted on the host by the collate
         return loss * batch.num_tgt_tokens
+
+    def _log_loss(self, loss: Tensor, nll: Tensor) -> None:
+        """`train/loss` and `train/ppl` of this micro-batch, averaged over ranks (so the DDP
+        curve is the global batch's, not rank 0's share), read once and logged as host
+        numbers: Lightning reads the progress bar's metrics at every step, and a device tensor
+        there would make every step wait for the device. Called at log steps only
+        (`log_step`); the bar shows the last log step's loss."""
+        values = torch.stack([loss.float(), torch.exp(nll.float())])
+        if self.trainer.world_size > 1:
+            torch.distributed.all_reduce(values)  # the sum, without strategy.reduce's barrier
+            values = values / self.trainer.world_size
+        mean_loss, ppl = values.tolist()
+        log_host(self, "train/loss", mean_loss, prog_bar=True)
+        log_host(self, "train/ppl", ppl)
 
     def _normalises_over_update(self) -> bool:
         """Whether an update spans several micro-batches (accumulation or DDP ranks)."""
@@ -137,7 +157,9 @@ class TranslationModule(L.LightningModule):
         tokens = torch.full((), float(self._update_tokens), device=self.device)  # no copy
         self._update_tokens = 0
         if self.trainer.world_size > 1:
-            tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
+            # queued on the device like the gradients' own reduction; Lightning's
+            # strategy.reduce would add a barrier, which waits for the device and every rank
+            torch.distributed.all_reduce(tokens)
         scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / tokens.clamp(min=1)
         for param in self.parameters():
             if param.grad is not None:
@@ -204,7 +226,7 @@ class TranslationModule(L.LightningModule):
         return getattr(self.trainer.precision_plugin, "scaler", None)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+        if sync_step(self.trainer):
             self.guard.check()  # where Lightning reads the logged metrics anyway
 
     def on_validation_epoch_start(self) -> None:
@@ -240,7 +262,10 @@ class TranslationModule(L.LightningModule):
     def _budget_spent(self) -> Callable[[int], float]:
         """`done` updates -> the share of the training budget used (optim.cooldown): the
         larger of done / the updates that trainer.max_steps or max_epochs allow and the share
-        of trainer.max_time elapsed, by rank 0's clock so that every rank steps alike."""
+        of trainer.max_time elapsed, by rank 0's clock so that every rank steps alike. The
+        `SyncedTimer` of `aiayn.training.run` gives that clock without a collective (rank 0's
+        reading at log steps, the same estimate on every rank between them); Lightning's own
+        Timer (a Trainer built elsewhere) costs a broadcast every update."""
         trainer = self.trainer
         # inf without max_steps or max_epochs; -1 (max_steps) for epochs of unknown length
         total = trainer.estimated_stepping_batches
@@ -254,6 +279,9 @@ class TranslationModule(L.LightningModule):
 
         def spent(done: int) -> float:
             share = done / total
+            if isinstance(timer, SyncedTimer):
+                timed = timer.budget_share(done)
+                return min(share if timed is None else max(share, timed), 1.0)
             remaining = timer.time_remaining() if timer is not None else None
             if remaining is not None:
                 elapsed = timer.time_elapsed()
@@ -313,6 +341,16 @@ class TranslationModule(L.LightningModule):
             # torchmetrics returns a fraction; BLEU is reported on sacreBLEU's 0-100 scale
             self.log(f"{split}/bleu", 100.0 * self.bleu[split].compute(), sync_dist=False)
             self.bleu[split].reset()
+
+    def setup(self, stage: str) -> None:
+        # DDP broadcasts a module's buffers from rank 0 before every forward: a collective in
+        # every step, for buffers that never change here (the sinusoidal positions, the only
+        # non-persistent ones, which every rank computes alike). DDP leaves out those named here.
+        self._ddp_params_and_buffers_to_ignore = [
+            f"{prefix}.{name}" if prefix else name
+            for prefix, module in self.named_modules()
+            for name in module._non_persistent_buffers_set
+        ]
 
     def configure_model(self) -> None:
         """Shard the model where the strategy gives a device mesh (`trainer=fsdp`)."""

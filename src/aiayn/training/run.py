@@ -20,13 +20,21 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, Timer
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn import kernels
-from aiayn.callbacks import EMA, AverageCheckpoints, LastCheckpoint, RNGState, Throughput
+from aiayn.callbacks import (
+    EMA,
+    AverageCheckpoints,
+    LastCheckpoint,
+    RNGState,
+    SigtermAtLogSteps,
+    SyncedTimer,
+    Throughput,
+)
 from aiayn.callbacks.throughput import peak_rss_mib
 from aiayn.config import process_count
 from aiayn.console import closing_summary, set_progress, tidy_library_output
@@ -36,6 +44,7 @@ from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import ConfigError, DistributedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.kernels.allocator import keep_freed_memory
+from aiayn.kernels.compiled import resolve_compile
 from aiayn.launchers import external_launch
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
@@ -63,9 +72,13 @@ def validate(cfg: DictConfig) -> TrainConfig:
         _init_weights(config)  # read and checked before any work
     trainer = config.trainer
     trainer["precision"] = devices.resolve_precision(trainer.get("precision", "auto"), trainer)
-    config.kernels = kernels.resolve(config.kernels, on_gpu=not devices.on_cpu(trainer))
+    on_gpu = not devices.on_cpu(trainer)
+    config.kernels = kernels.resolve(config.kernels, on_gpu=on_gpu)
+    device_type = "cuda" if devices.on_cuda(trainer) else "cpu" if not on_gpu else "other"
+    config.compile = resolve_compile(config.compile, device_type, config.model.arch)
     with open_dict(cfg):  # the run config (loggers, W&B) records what was resolved
         cfg.trainer.precision, cfg.kernels = trainer["precision"], config.kernels
+        cfg.compile = config.compile
     devices.check(trainer, config.model.arch)
     return config
 
@@ -94,9 +107,10 @@ def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
 def build_trainer(config: TrainConfig, resumed_step: int | None = None) -> L.Trainer:
     """Trainer, callbacks and loggers from their configs (bad arguments fail here, before any
     data is read), plus what every run has: RNG state in checkpoints, throughput, atomic
-    checkpoint writes."""
+    checkpoint writes, and no collective in a training step between log steps beyond the
+    gradients' (a SIGTERM is agreed on and `trainer.max_time`'s clock read at log steps)."""
     callbacks = [_instantiate(f"callbacks.{k}", c) for k, c in config.callbacks.items() if c]
-    callbacks += [RNGState(), Throughput()]
+    callbacks += [RNGState(), Throughput(), SigtermAtLogSteps()]
     show_progress = config.trainer.get("enable_progress_bar", True)
     set_progress(show_progress)  # data preparation's bars too
     if not show_progress:  # so the flag alone turns it off
@@ -106,13 +120,17 @@ def build_trainer(config: TrainConfig, resumed_step: int | None = None) -> L.Tra
         for k, c in config.logger.items()
         if c
     ]
-    return _instantiate(
+    trainer = _instantiate(
         "trainer",
         config.trainer,
         callbacks=callbacks,
         logger=loggers or False,
         plugins=[AtomicCheckpointIO()],
     )
+    for i, callback in enumerate(trainer.callbacks):  # trainer.max_time's, or one configured
+        if type(callback) is Timer and callback._interval == "step":
+            trainer.callbacks[i] = SyncedTimer.replacing(callback)
+    return trainer
 
 
 def _purge_after(node: dict[str, Any], resumed_step: int | None) -> dict[str, int]:
@@ -217,9 +235,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 target_rate = throughput.mean_rate(trainer.world_size, target_only=True)
                 metrics["train_target_tokens_per_sec"] = target_rate
             metrics["updates"] = trainer.global_step
-            # the matrix-product peak measured at fit start: train/mfu's denominator, this device
-            peak = throughput.peak_flops
-            metrics["matmul_peak_gflops"] = peak / 1e9 if peak else None
+            # train/mfu's denominator (aiayn.kernels.machine.mfu_peak): a GPU's datasheet peak,
+            # else the one measured here; the peak measured at fit start beside it
+            peak = throughput.peak
+            metrics["mfu_peak_tflops"] = peak.flops / 1e12 if peak else None
+            metrics["mfu_peak_source"] = peak.source if peak else None
+            measured = peak.measured if peak else None
+            metrics["matmul_peak_gflops"] = measured / 1e9 if measured else None
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
             results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
@@ -229,6 +251,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics["resumed_from"] = config.ckpt_path
         metrics["precision"] = config.trainer["precision"]
         metrics["kernels"] = config.kernels
+        metrics["compile"] = config.compile
         metrics["kernel_overrides"] = {k: v for k, v in os.environ.items() if k in KERNEL_ENV}
         metrics["wall_clock_min"] = (time.perf_counter() - start) / 60  # this process
         metrics["peak_rss_mib"] = peak_rss_mib()  # this process: training and test

@@ -29,7 +29,8 @@ class OptimConfig:
     share of the training budget (trainer.max_steps, max_epochs or max_time, whichever ends
     first): warmup-stable-decay (Hägele et al. 2024, "Scaling Laws and Compute-Optimal
     Training Beyond Fixed Training Durations"). Under max_time the rate follows rank 0's
-    clock, broadcast every update (as Lightning's Timer broadcasts its stop flag).
+    clock, read at log steps and estimated alike on every rank between them
+    (`aiayn.callbacks.SyncedTimer`).
     """
 
     schedule: str = "noam"
