@@ -142,19 +142,23 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
                 gold_log_probs.append(log_probs.gather(-1, tb).squeeze(-1))
                 if not grads:
                     continue
-                # d summed loss / d logits = kept * (softmax - ε / V - (1 - ε) onehot(target)),
-                # formed here in float32 (or float64), before any rounding to the products' dtype
-                grad = log_probs.exp_().sub_(epsilon / vocab)
+                # d summed loss / d logits = kept * (softmax - ε / V - (1 - ε) onehot(target)):
+                # the softmax and the one-hot part formed here in float32 (or float64), before
+                # any rounding to the products' dtype; the kept rows (masks on the features and
+                # the features' gradient) and the constant ε / V (whose products are a sum of
+                # the matrix's rows and of the kept features) are applied to the small (N, D)
+                # and (V, D) products instead, which saves two passes over the block
+                grad = log_probs.exp_()
                 grad.scatter_add_(-1, tb, grad.new_full((size, 1), epsilon - 1))
-                grad.mul_(kb.unsqueeze(-1))
+                kept = kb.unsqueeze(-1)
                 if grad_b is not None:
-                    grad_b.add_(grad.sum(0))
+                    grad_b.add_(kb.to(soft) @ grad)
                 grad_p = products[:size].copy_(grad) if soft != dtype else grad
-                grad_xs.append((grad_p @ w_p).to(x.dtype))
+                grad_xs.append(grad_p @ w_p)
                 if soft == dtype:
-                    grad_w.addmm_(grad_p.t(), xb)
+                    grad_w.addmm_(grad_p.t(), xb * kept)
                 else:  # bfloat16 or float16 products, summed in float32 block by block
-                    grad_w.add_(grad_p.t() @ xb)
+                    grad_w.add_(grad_p.t() @ (xb * kept))
             gold, gold_log_prob = torch.cat(golds), torch.cat(gold_log_probs)
             # the mean logit of a row is linear in x: x @ mean(weight) + mean(bias)
             mean = x.to(soft) @ weight.to(soft).mean(0)
@@ -166,8 +170,14 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
             smooth = ((lse - mean) * share).sum()
             ctx.mark_non_differentiable(nll)
             if grads:
-                saved = [ntokens, torch.cat(grad_xs), grad_w.to(weight.dtype)]
+                uniform = epsilon / vocab
+                grad_x = (torch.cat(grad_xs).to(soft) - uniform * weight.to(soft).sum(0)) * (
+                    keep.unsqueeze(-1)
+                )
+                grad_w -= uniform * (keep.to(soft) @ x.to(soft))  # each row of the matrix
+                saved = [ntokens, grad_x.to(x.dtype), grad_w.to(weight.dtype)]
                 if grad_b is not None:
+                    grad_b -= uniform * keep.sum().to(soft)
                     saved.append(grad_b.to(bias.dtype))
                 ctx.save_for_backward(*saved)
             return (1.0 - epsilon) * nll + epsilon * smooth, nll
