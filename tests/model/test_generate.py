@@ -458,3 +458,37 @@ def test_a_prefix_that_fills_the_positions_is_refused() -> None:
         generate(model, src, DecodeConfig(), prefix=[[5] * width, [], []])
     with pytest.raises(ValueError, match="prefix token 23 is not in the target vocabulary"):
         generate(model, src, DecodeConfig(), prefix=[[5, 23], [], []])
+
+
+@pytest.mark.parametrize("every", [2, 3, 8])
+def test_greedy_reading_the_device_every_few_steps_decodes_the_same(every, monkeypatch) -> None:
+    """Off the CPU, greedy search looks at which sentences ended only every `SHRINK_EVERY`
+    steps (a look waits for the device); the finished rows idle meanwhile and every
+    hypothesis is the one of a look at every step: the same tokens, and the same score up to
+    float32 rounding (a batch of another size rounds its products differently), for sentences
+    ending with EOS and at their length limit alike."""
+    import importlib
+
+    module = importlib.import_module("aiayn.model.generate")  # the package exports a function
+    src, _ = padded_batch()
+    for eos_id in (5, 9, 13):
+        model = peaky_model(eos_id=eos_id)
+        config = DecodeConfig(max_len_b=6, length_penalty=0.6)
+        each_step = generate(model, src, config)
+        monkeypatch.setattr(module, "CPU_SHRINK_EVERY", every)
+        looks: list[int] = []
+        original = torch.Tensor.__bool__
+
+        def counted(t, looks=looks, original=original):
+            looks.append(1)
+            return original(t)
+
+        monkeypatch.setattr(torch.Tensor, "__bool__", counted)
+        got = generate(model, src, config)
+        monkeypatch.setattr(torch.Tensor, "__bool__", original)
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in each_step]
+        scores = [[h[0].score for h in hyps] for hyps in (got, each_step)]
+        assert scores[0] == pytest.approx(scores[1], rel=1e-5)
+        monkeypatch.setattr(module, "CPU_SHRINK_EVERY", 1)
+        steps = max(len(h[0].tokens) for h in each_step) + 1
+        assert 0 < len(looks) <= 2 * (steps // every + 1)  # at most two reads a look

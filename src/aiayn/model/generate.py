@@ -11,8 +11,10 @@ sentence, capped to ``max_positions``) stops there without an EOS. Beam search k
 sentence's ``beam_size`` best unfinished hypotheses, collects those that emit EOS within the
 top ``beam_size`` candidates of a step, and finishes the sentence once it has ``beam_size``
 of them (as fairseq); decoding stops as soon as every sentence is finished. In every
-strategy a sentence that is finished leaves the batch and the cache at once (its ``beam_size``
-rows in beam search), so the later steps cost only what is still decoding. Sampling draws
+strategy a sentence that is finished leaves the batch and the cache (its ``beam_size`` rows in
+beam search), so the later steps cost only what is still decoding: at once on the CPU; on
+other devices greedy search and sampling look every `SHRINK_EVERY` steps, since each look
+waits for the device (finished rows idle until then, their outputs unchanged). Sampling draws
 each token from the model's distribution divided by ``temperature`` and cut to the ``top_k``
 most likely tokens and to the smallest set whose probability reaches ``top_p``, with a
 generator seeded by ``seed`` (the same seed and batch give the same samples; since finished
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
     from aiayn.model.ensemble import Ensemble
 
 STRATEGIES = ("greedy", "beam", "sample")
+# greedy and sampling: steps between two reads of which sentences ended (each read waits for
+# the device): every step on the CPU, where a finished sentence's compute is saved at once
+SHRINK_EVERY, CPU_SHRINK_EVERY = 8, 1
 
 
 @dataclass
@@ -264,18 +269,22 @@ def _greedy(
     score = torch.zeros(B, device=device)
     length = torch.zeros(B, dtype=torch.long, device=device)  # scored tokens (incl. EOS)
     out = torch.full((B, steps), eos_id, dtype=torch.long, device=device)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)  # of the rows still in the batch
+    every = CPU_SHRINK_EVERY if device.type == "cpu" else SHRINK_EVERY
     for step in range(steps):
         best, token = pick(_next_logprobs(model, token, cache, forced, step))
-        score[rows] += best[:, 0]
-        length[rows] += 1
-        out[rows, step] = token[:, 0]
-        ended = (token[:, 0] == eos_id) | (step + 1 >= limit)
+        score[rows] += best[:, 0].masked_fill(ended, 0.0)
+        length[rows] += (~ended).long()
+        out[rows, step] = token[:, 0].masked_fill(ended, eos_id)
+        ended = ended | (token[:, 0] == eos_id) | (step + 1 >= limit)
+        if (step + 1) % every and step + 1 < steps:
+            continue  # no read of the device this step
         if bool(ended.any()):
             if bool(ended.all()):
                 break
             going = (~ended).nonzero()[:, 0]
             cache.reorder(going)
-            rows, limit, token = rows[going], limit[going], token[going]
+            rows, limit, token, ended = rows[going], limit[going], token[going], ended[going]
             forced = forced[going] if forced is not None else None
     results = []
     for tokens, n, s in zip(out.tolist(), length.tolist(), score.tolist(), strict=True):
