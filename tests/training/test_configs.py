@@ -348,3 +348,43 @@ def test_a_root_yaml_holds_only_what_differs_from_its_schema(name):
     repeated = {k: v for k, v in root.items() if k in defaults and v == defaults[k]}
     assert not repeated, f"conf/{name}.yaml repeats its schema's defaults: {repeated}"
     assert set(root) - {"defaults", "hydra"} <= set(defaults)  # and names only schema keys
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.strategy=fsdp"], "trainer.strategy=fsdp is not supported .* use trainer=fsdp"),
+        (["trainer.strategy=deepspeed_stage_2"], "use trainer.strategy=ddp"),
+        (["trainer.strategy=ddp_spawn"], "ddp_spawn is not supported"),
+        (
+            [
+                "trainer=fsdp",
+                "trainer.accelerator=cpu",
+                "trainer.strategy.save_distributed_checkpoint=true",
+            ],
+            "save_distributed_checkpoint=true .* set it to false",
+        ),
+        (
+            ["+trainer.strategy._target_=lightning.pytorch.strategies.FSDPStrategy"],
+            "FSDPStrategy is not supported",
+        ),
+    ],
+)
+def test_a_strategy_not_supported_end_to_end_is_refused_by_key(overrides, message, tmp_path):
+    """Lightning's FSDP1, DeepSpeed, spawn launchers and sharded checkpoints would train and
+    then fail at resume, averaging, evaluate or export (issue 49): refused before any work,
+    naming the key and the spelling that works."""
+    from aiayn.training.run import validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_train(overrides, output_dir=tmp_path))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["trainer=ddp", "trainer.accelerator=cpu"], ["trainer=fsdp", "trainer.accelerator=cpu"]],
+)
+def test_the_supported_strategies_pass(overrides, tmp_path):
+    from aiayn.training.run import validate
+
+    validate(compose_train(overrides, output_dir=tmp_path))

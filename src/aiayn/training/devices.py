@@ -82,6 +82,43 @@ def check(trainer: dict[str, Any], arch: str) -> None:
     )
 
 
+# trainer.strategy values that train, resume, average, evaluate and export end to end; the
+# sharded one is trainer=fsdp (Lightning's ModelParallelStrategy: FSDP2, whole checkpoints)
+STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true")
+STRATEGY_CLASSES = ("DDPStrategy", "ModelParallelStrategy")
+
+
+def check_strategy(trainer: dict[str, Any]) -> None:
+    """Refuse by key, before any work, a `trainer.strategy` that some part of a run cannot
+    follow: Lightning's FSDP1 (`fsdp`: no per-layer sharding, shard-shaped averages), DeepSpeed,
+    spawn and notebook launchers, and sharded (distributed) checkpoints, which resume,
+    `keep_last`, averaging, evaluate and export cannot read."""
+    strategy = trainer.get("strategy", "auto")
+    supported = f"{', '.join(STRATEGIES)}, or trainer=fsdp for sharded training"
+    if isinstance(strategy, str):
+        if strategy in STRATEGIES:
+            return
+        use = "trainer=fsdp" if "fsdp" in strategy else "trainer.strategy=ddp"
+        raise ConfigError(
+            f"trainer.strategy={strategy} is not supported from training to export here: use "
+            f"{use} (supported: {supported})"
+        )
+    target = str(strategy.get("_target_", ""))
+    if target.rsplit(".", 1)[-1] not in STRATEGY_CLASSES:
+        raise ConfigError(
+            f"trainer.strategy._target_={target} is not supported from training to export "
+            f"here (supported: {supported})"
+        )
+    if target.endswith("ModelParallelStrategy") and strategy.get(
+        "save_distributed_checkpoint", True  # Lightning's default
+    ):
+        raise ConfigError(
+            "trainer.strategy.save_distributed_checkpoint=true writes sharded checkpoints, "
+            "which resume, callbacks.last_checkpoint.keep_last, averaging, evaluate.py and "
+            "export cannot read: set it to false (trainer=fsdp's default)"
+        )
+
+
 def use_gpu_settings() -> None:
     """What a CUDA run sets: float32 products on TF32 tensor cores (cuBLAS and cuDNN)."""
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -80,6 +80,7 @@ def validate(cfg: DictConfig) -> TrainConfig:
         cfg.trainer.precision, cfg.kernels = trainer["precision"], config.kernels
         cfg.compile = config.compile
     devices.check(trainer, config.model.arch)
+    devices.check_strategy(trainer)
     return config
 
 
