@@ -7,6 +7,7 @@ CPU, and (slow) DDP and FSDP under NCCL's device rules (`tests.gpu_rules`)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -499,3 +500,20 @@ def test_a_short_training_run_has_the_same_loss_curve_on_either_kernels(tmp_path
         kernels.use("cpu")
     assert len(curves["cpu"]) == 12
     assert curves["torch"] == pytest.approx(curves["cpu"], rel=1e-4)
+
+
+def test_fp16_with_accumulation_keeps_its_first_updates(tmp_path):
+    """16-mixed with gradient accumulation at GradScaler's default initial scale (65 536):
+    each micro-batch back-propagates its loss weighted by its share of the micro-batch token
+    budget (at most its mean), not summed over its tokens, so the scaled gradients stay in
+    float16's range and the first updates are kept (issue 49: on f5393e6 they overflowed,
+    and the scaler skipped about a dozen updates while the warmup advanced)."""
+    datamodule, module = _module_and_data(tmp_path, "model.dropout=0.0")
+    before = torch.cat([p.detach().flatten().clone() for p in module.parameters()])
+    trainer = _fp16_trainer(3, 2.0**16, accumulate_grad_batches=2)
+    trainer.fit(module, datamodule=datamodule)
+    assert trainer.global_step == 3 and int(module.guard.skipped) == 0
+    assert trainer.precision_plugin.scaler.get_scale() == 2.0**16  # no overflow, no halving
+    assert math.isfinite(float(module._grad_norm)) and float(module._grad_norm) > 0
+    after = torch.cat([p.detach().flatten() for p in module.parameters()])
+    assert not torch.equal(before, after)

@@ -101,7 +101,13 @@ def test_the_batches_differ_in_fill():
     assert int(large.tgt_out.ne(0).sum()) > 5 * int(small.tgt_out.ne(0).sum())
 
 
-def test_accumulated_unequal_batches_give_the_big_batch_gradient(tmp_path):
+@pytest.mark.parametrize("unit", [None, 7.0, 4096.0])
+def test_accumulated_unequal_batches_give_the_big_batch_gradient(tmp_path, monkeypatch, unit):
+    """Whatever the token unit each micro-batch's loss is weighed by (none: one token; the
+    data's budget, as `data.max_tokens` gives it), the update's gradient is the one of its
+    per-token mean."""
+    if unit is not None:
+        monkeypatch.setattr(TranslationModule, "_token_unit", lambda self: unit)
     fit(tmp_path, accumulate_grad_batches=2)
     assert_equal_to_reference(torch.load(tmp_path / "grads0.pt"))
     # the per-batch mean averaged over the two batches (the old semantics) differs

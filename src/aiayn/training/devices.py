@@ -110,7 +110,8 @@ def check_strategy(trainer: dict[str, Any]) -> None:
             f"here (supported: {supported})"
         )
     if target.endswith("ModelParallelStrategy") and strategy.get(
-        "save_distributed_checkpoint", True  # Lightning's default
+        "save_distributed_checkpoint",
+        True,  # Lightning's default
     ):
         raise ConfigError(
             "trainer.strategy.save_distributed_checkpoint=true writes sharded checkpoints, "

@@ -119,9 +119,12 @@ class TranslationModule(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         """The loss of one update is normalised by the target tokens of the whole update, over
         its accumulation steps and DDP ranks (fairseq's semantics): each micro-batch
-        back-propagates its summed loss and `on_before_optimizer_step` divides the gradients
-        by the update's token count. With one micro-batch on one rank that is the batch's
-        mean, used as is. `train/loss` stays the per-token mean of each micro-batch."""
+        back-propagates its summed loss over `_token_unit` (its mean weighted by its share of
+        the micro-batch token budget: at most its mean, so that a GradScaler's scale of
+        65 536 keeps float16 gradients finite, where the sum over 6 250 tokens overflowed)
+        and `on_before_optimizer_step` scales the gradients by the unit over the update's
+        token count. With one micro-batch on one rank that is the batch's mean, used as is.
+        `train/loss` stays the per-token mean of each micro-batch."""
         loss, nll = self.losses(batch)
         self._step_loss = loss.detach()
         if log_step(self.trainer):  # between log steps nothing here waits for the device
@@ -130,7 +133,13 @@ class TranslationModule(L.LightningModule):
         if not self._normalises_over_update():
             return loss
         self._update_tokens += batch.num_tgt_tokens  # counted on the host by the collate
-        return loss * batch.num_tgt_tokens
+        return loss * (batch.num_tgt_tokens / self._token_unit())
+
+    def _token_unit(self) -> float:
+        """Tokens that weigh one mean loss in a micro-batch's backward: the data's micro-batch
+        budget (`data.max_tokens`, the same on every rank), else one token."""
+        config = getattr(self.trainer.datamodule, "cfg", None)
+        return float(getattr(config, "max_tokens", None) or 1)
 
     def _log_loss(self, loss: Tensor, nll: Tensor) -> None:
         """`train/loss` and `train/ppl` of this micro-batch, averaged over ranks (so the DDP
@@ -151,16 +160,17 @@ class TranslationModule(L.LightningModule):
         return self.trainer.accumulate_grad_batches > 1 or self.trainer.world_size > 1
 
     def _normalise_gradients(self) -> None:
-        """Gradients of the summed losses -> gradients of the update's per-token mean. Lightning
-        divided each micro-batch's loss by the accumulation count and DDP averaged over ranks;
-        both are undone by the factor."""
+        """Gradients of the summed losses (over `_token_unit`) -> gradients of the update's
+        per-token mean. Lightning divided each micro-batch's loss by the accumulation count
+        and DDP averaged over ranks; both are undone by the factor."""
         tokens = torch.full((), float(self._update_tokens), device=self.device)  # no copy
         self._update_tokens = 0
         if self.trainer.world_size > 1:
             # queued on the device like the gradients' own reduction; Lightning's
             # strategy.reduce would add a barrier, which waits for the device and every rank
             torch.distributed.all_reduce(tokens)
-        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / tokens.clamp(min=1)
+        ranks = self.trainer.accumulate_grad_batches * self.trainer.world_size
+        scale = ranks * self._token_unit() / tokens.clamp(min=1)
         for param in self.parameters():
             if param.grad is not None:
                 param.grad.mul_(scale.to(param.grad.dtype))
