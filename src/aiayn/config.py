@@ -23,6 +23,7 @@ from typing import Any
 
 from omegaconf import ListConfig, OmegaConf
 
+from aiayn import launchers
 from aiayn.data.prepare import PrepareConfig
 from aiayn.errors import CLAIMED_RUN_DIRS, ConfigError
 from aiayn.export.config import EXPORT_FORMATS, ExportConfig
@@ -236,6 +237,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("aiayn_accumulate", accumulate_for, replace=True)
     OmegaConf.register_new_resolver("aiayn_share", share_for, replace=True)
     OmegaConf.register_new_resolver("aiayn_processes", process_count, replace=True)
+    OmegaConf.register_new_resolver("aiayn_log_file", launchers.log_file, replace=True)
 
 
 def check_command_line(overrides: list[str], schema: type) -> None:

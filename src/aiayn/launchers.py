@@ -93,3 +93,14 @@ def external_launch() -> Launch | None:
         parts = (env.get(k, "0") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
         return Launch("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), ".".join(parts))
     return None
+
+
+def log_file(output_dir: str, job_name: str) -> str:
+    """The file this process logs to in `output_dir` (Hydra's job logging): `<job_name>.log`
+    for rank 0 and a single process, `<job_name>_rank<r>.log` for every other rank of a
+    torchrun or srun launch, so that no two processes append to one file (on NFS or Lustre
+    their lines would interleave or vanish). Lightning's own launcher names its children's
+    jobs apart already."""
+    launch = external_launch()
+    rank = f"_rank{launch.rank}" if launch is not None and launch.rank > 0 else ""
+    return f"{output_dir}/{job_name}{rank}.log"

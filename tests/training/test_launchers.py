@@ -75,3 +75,21 @@ def test_a_rank_waiting_in_vain_names_the_file_and_the_fix(
     launch = Launch("slurm", 1, 2, "6.0.0")
     with pytest.raises(ConfigError, match=r"\.slurm-6\.0\.0: is .* shares.*hydra\.run\.dir"):
         launch.share_run_dir(lambda: pytest.fail("only rank 0 claims"), tmp_path)
+
+
+def test_each_rank_of_an_external_launch_logs_to_its_own_file(env: pytest.MonkeyPatch) -> None:
+    """Rank 0 (and a single process) logs to `train.log`; every other rank of torchrun or
+    srun to `train_rank<r>.log`, so that no two processes append to one file (issue 49)."""
+    from aiayn.launchers import log_file
+
+    assert log_file("/runs/a", "train") == "/runs/a/train.log"
+    for name, value in {"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "4", "RANK": "0"}.items():
+        env.setenv(name, value)
+    assert log_file("/runs/a", "train") == "/runs/a/train.log"
+    env.setenv("RANK", "3")
+    assert log_file("/runs/a", "train") == "/runs/a/train_rank3.log"
+    for name in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"):
+        env.delenv(name)
+    for name, value in {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}.items():
+        env.setenv(name, value)
+    assert log_file("/runs/a", "train") == "/runs/a/train_rank1.log"

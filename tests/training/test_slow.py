@@ -414,6 +414,11 @@ def test_torchrun_two_nodes_on_localhost_match_one_process(tmp_path):
     (run_dir,) = run_dirs(two)
     assert sum("prepared data cache" in output for output in outputs) == 1
     assert len(list(run_dir.glob("**/config.yaml"))) == 1  # rank 0's record only
+    # each rank its own log file: rank 0 train.log, rank 1 train_rank1.log
+    logs = {path.name: path.read_text() for path in run_dir.glob("*.log")}
+    assert sorted(logs) == ["train.log", "train_rank1.log"], sorted(logs)
+    assert "GLOBAL_RANK: 0" in logs["train.log"] and "GLOBAL_RANK: 1" not in logs["train.log"]
+    assert "GLOBAL_RANK: 1" in logs["train_rank1.log"]
     (run_one,) = run_dirs(one)
     _assert_close_weights(
         run_one / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt"
