@@ -104,11 +104,12 @@ def _no_space(error: OSError | RuntimeError, free: int, needed: int | None) -> b
 
 
 def replace_text(path: str | os.PathLike, text: str) -> None:
-    """Write `path` through `.<name>.tmp` beside it and a rename: readers (and a process
-    killed mid-write) see the old text or the new, never part of it; a full disk is one
-    `StorageError` and leaves the old text."""
+    """Write `path` through `.<name>.<pid>.tmp` beside it and a rename: readers (and a process
+    killed mid-write) see the old text or the new, never part of it, also while several
+    processes write it at once (each through its own file; the last rename wins); a full disk
+    is one `StorageError` and leaves the old text."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with writing(path, len(text.encode())):
             tmp.write_text(text, encoding="utf-8")

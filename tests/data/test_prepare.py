@@ -64,6 +64,31 @@ def test_same_size_edit_with_restored_mtime_rebuilds(files_cfg: MakeCfg, corpus_
     assert prepare(files_cfg()) != path
 
 
+def test_a_rewrite_with_the_same_bytes_keeps_the_cache(
+    files_cfg: MakeCfg, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """The key is the content of the corpus files and of a given tokenizer, not their stat:
+    a file written again with the same bytes (a new inode and times: a copy, a checkout,
+    every rank of an `init_from` run writing the same tokenizer) reuses the cache (issue 49;
+    on f5393e6 each rewrite rebuilt it)."""
+    path = prepare(files_cfg())
+    given = tmp_path / "given" / "tokenizer.json"
+    given.parent.mkdir()
+    given.write_bytes((path / "tokenizer.json").read_bytes())
+    with_tokenizer = prepare(files_cfg(tokenizer=TokenizerConfig(path=str(given.parent))))
+    for target in (corpus_dir / "val.de", given):
+        content = target.read_bytes()
+        target.unlink()
+        target.write_bytes(content)
+        os.utime(target, ns=(1, 1))
+    assert prepare(files_cfg()) == path
+    assert prepare(files_cfg(tokenizer=TokenizerConfig(path=str(given.parent)))) == with_tokenizer
+    copy = tmp_path / "copy" / "tokenizer.json"  # the same tokenizer in another directory
+    copy.parent.mkdir()
+    copy.write_bytes(given.read_bytes())
+    assert prepare(files_cfg(tokenizer=TokenizerConfig(path=str(copy.parent)))) == with_tokenizer
+
+
 def test_train_is_filtered_val_is_truncated(files_cfg: MakeCfg, corpus_dir: Path) -> None:
     long = " ".join(["Hund"] * 40)
     extra = [("", "Leer."), ("Empty.", "  "), (long, long), ("Anna.", "Anna sieht " + long[:60])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import asdict
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from aiayn.config import ConfigError, to_schema
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
-from aiayn.data.sources import SOURCES, FileSource, Source, get_source
+from aiayn.data.sources import SOURCES, FileSource, Source, get_source, text
 from aiayn.data.sources.files import FilesSource
 from aiayn.data.sources.hf import HFSource
 from aiayn.data.sources.multi30k import Multi30kSource
@@ -88,9 +89,11 @@ def test_a_source_checks_only_its_own_fields(files_cfg: MakeCfg) -> None:
     assert isinstance(get_source(cfg), FilesSource) and cfg.toy.val_size == 0
 
 
-def test_files_source_reads_and_fingerprints_by_stat(
+def test_files_source_reads_and_fingerprints_by_content_or_by_stat(
     files_cfg: MakeCfg, corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Files up to `CONTENT_BYTES` are keyed by size and SHA-256; bigger ones by a stat,
+    which reads nothing."""
     cfg = files_cfg()
     source = get_source(cfg)
     expected = {role: [corpus_dir / f"{role}.en", corpus_dir / f"{role}.de"] for role in SIZES}
@@ -101,6 +104,9 @@ def test_files_source_reads_and_fingerprints_by_stat(
     assert len(src) == SIZES["val"]
     test_de = corpus_dir / "test.de"
     stat = test_de.stat()
+    digest = hashlib.sha256(test_de.read_bytes()).hexdigest()
+    assert source.fingerprint()["test"][1] == [stat.st_size, digest]
+    monkeypatch.setattr(text, "CONTENT_BYTES", -1)  # every file above it
     monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"read {self}"))
     monkeypatch.setattr(Path, "open", lambda self, *args, **kwargs: pytest.fail(f"read {self}"))
     fingerprint = source.fingerprint()
@@ -154,7 +160,7 @@ def test_hf_source_fingerprint_stats_local_files_only(files_cfg: MakeCfg, tmp_pa
     splits = {"train": "train", "val": "validation", "test": "test"}
     assert fingerprint["hf"] == ["json", None, None, splits, ("en", "de")]
     assert fingerprint["data_files"]["test"] == "hub/test.json"
-    assert fingerprint["data_files"]["train"][:2] == [str(local.resolve()), 3]
+    assert fingerprint["data_files"]["train"] == [3, hashlib.sha256(b"{}\n").hexdigest()]
 
 
 def test_the_flat_keys_before_per_source_settings_still_work_with_a_warning(caplog):

@@ -43,6 +43,25 @@ def test_fine_tuning_run_has_a_fresh_optimizer_and_its_own_directory(ckpt, tmp_p
     assert read_checkpoint(ckpt)["global_step"] == 40  # the source is untouched
 
 
+@pytest.mark.slow
+def test_fine_tuning_on_two_processes_prepares_the_data_once(ckpt, tmp_path):
+    """`init_from` under DDP (2 gloo processes, Lightning's launcher): every rank writes the
+    checkpoint's tokenizer into the run directory (atomically, the same bytes), and the data
+    cache, keyed by its content, is prepared once and shared (issue 49: on f5393e6 the second
+    rank's rewrite changed the key and it prepared the whole corpus again). Three processes
+    would need three cores, which CI's machine lacks."""
+    steps = ["trainer.max_steps=2", "trainer.max_epochs=-1", "trainer.val_check_interval=2"]
+    steps += ["trainer.check_val_every_n_epoch=null", "test=false"]
+    ddp = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
+    overrides = [*cli_overrides(tmp_path), "model=tiny", f"init_from={ckpt}", *steps, *ddp]
+    proc = cli(overrides, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    output = proc.stdout + proc.stderr
+    assert output.count("prepared data cache") == 1, output[-3000:]
+    caches = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("toy-en-de-")]
+    assert len(caches) == 1, caches
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

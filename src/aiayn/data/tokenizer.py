@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from aiayn.data.config import TokenizerConfig
 from aiayn.data.special import SPECIAL_TOKENS, UNK_TOKEN
-from aiayn.errors import DataError
+from aiayn.errors import DataError, replace_text
 
 SIDES = ("src", "tgt")
 JOINT_FILE = "tokenizer.json"
@@ -110,13 +110,15 @@ class Tokenizers:
         return self._side(side).decode_batch(ids, skip_special_tokens=True)
 
     def save(self, directory: Path | str) -> list[Path]:
-        """Write `tokenizer.json` (joint) or `tokenizer.src.json` + `tokenizer.tgt.json`."""
+        """Write `tokenizer.json` (joint) or `tokenizer.src.json` + `tokenizer.tgt.json`, each
+        atomically (`replace_text`): every rank of a run may write the same files at once, and
+        none reads a part of one."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = []
         for name, text in self.state().items():
             path = directory / (JOINT_FILE if name == "joint" else f"tokenizer.{name}.json")
-            path.write_text(text, encoding="utf-8")
+            replace_text(path, text)
             paths.append(path)
         return paths
 

@@ -1,12 +1,15 @@
 """Readers and the fingerprint shared by the file-based sources.
 
-Fingerprint of a file: (resolved path, size, mtime, ctime, inode), as git's index keys files:
-a `stat`, so a cache hit reads no file even on WMT-size corpora, and any write changes it
-(ctime cannot be restored by `cp -p`, `rsync -t` or `touch -d`).
+Fingerprint of a file: its content (size and SHA-256) up to `CONTENT_BYTES`, so that a file
+rewritten with the same bytes (a copy, a checkout, every rank of a run writing the same
+tokenizer) keeps its data cache; above it (WMT-size corpora), (resolved path, size, mtime,
+ctime, inode), as git's index keys files: a `stat`, so a cache hit reads no big file, and any
+write changes it (ctime cannot be restored by `cp -p`, `rsync -t` or `touch -d`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from itertools import zip_longest
@@ -14,13 +17,21 @@ from pathlib import Path
 
 from aiayn.errors import DataError
 
+CONTENT_BYTES = 64 << 20  # files up to this size are keyed by their content
+
 
 def file_fingerprint(path: Path) -> list[object]:
-    """[resolved path, size, mtime_ns, ctime_ns, inode] of an existing file (DataError if
-    missing)."""
+    """[size, SHA-256] of an existing file up to `CONTENT_BYTES`, else [resolved path, size,
+    mtime_ns, ctime_ns, inode] (DataError if missing)."""
     if not path.is_file():
         raise DataError(f"input file {path} not found: check the data config's paths")
     stat = path.stat()
+    if stat.st_size <= CONTENT_BYTES:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for chunk in iter(lambda: file.read(1 << 20), b""):
+                digest.update(chunk)
+        return [stat.st_size, digest.hexdigest()]
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
