@@ -147,6 +147,28 @@ def test_a_position_mid_epoch_is_refused_under_another_world_size() -> None:
         make(rank=2, world_size=3).load_state_dict(finished)
 
 
+@pytest.mark.parametrize("resumed_on", [1, 2, 3])
+def test_an_epoch_end_resumed_on_fewer_processes_sees_each_example_once(resumed_on) -> None:
+    """4 processes stop at the end of epoch 1; resumed on 3, 2 or 1, the rest of epoch 1 is
+    empty and epoch 2 covers every example once (issue 49: on f5393e6 two processes read the
+    4-process position 'batch n of n' as half their epoch and saw 0.49 of it again)."""
+    stopped = [make(rank=r, world_size=4) for r in range(4)]
+    for sampler in stopped:
+        sampler.set_epoch(1)
+        list(sampler)
+    state = stopped[0].state_dict()
+    assert state["position"] == state["batches"]
+    seen = []
+    for rank in range(resumed_on):
+        resumed = make(rank=rank, world_size=resumed_on)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)  # Lightning re-enters the stopped epoch first
+        assert list(resumed) == []
+        resumed.set_epoch(2)
+        seen += [i for batch in resumed for i in batch]
+    assert sorted(seen) == list(range(len(SRC)))
+
+
 def test_a_saved_plan_that_does_not_match_is_not_used(tmp_path, monkeypatch) -> None:
     """A plan of another corpus size, budget, shuffle or PLAN_VERSION, or a damaged one, loads
     as None (and is rebuilt), never as batches that skip or repeat examples."""

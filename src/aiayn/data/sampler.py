@@ -249,7 +249,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where `state` stopped: refused mid-epoch under another world size; where
+        """Continue where `state` stopped: an epoch end is the end of that epoch under any
+        world size (its examples are not seen again); refused mid-epoch under another world
+        size; where
         the batches were cut otherwise (another data.max_tokens or corpus, or a checkpoint
         from before batch plans), the epoch goes on from the same fraction of it, with a
         warning that its examples are no longer each seen exactly once."""
@@ -263,7 +265,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         position = int(state["position"])
         batches = int(state.get("batches", len(self)))
-        if 0 < position < batches and state.get("plan") != self.plan.identity:
+        if batches and position >= batches:  # an epoch end: none of it is left, at any size
+            position = len(self)
+        elif 0 < position < batches and state.get("plan") != self.plan.identity:
             position = round(position * len(self) / batches)
             log.warning(
                 "the checkpoint stopped after batch %d of %d of epoch %d, cut by another batch "
