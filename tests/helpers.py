@@ -68,7 +68,10 @@ def cli(args: list[str], tmp_path: Path, module: str = "train.py", timeout: int 
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    # the repository ahead of what the environment's PYTHONPATH holds (on a GPU machine:
+    # the carried wheels and src/, where aiayn is not installed)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     if not module:
         command = [sys.executable]
     elif module.endswith(".py"):

@@ -153,21 +153,28 @@ def test_ctranslate2_decodes_on_the_gpu_as_pytorch_does(tmp_path):
     assert theirs == load_checkpoint(last, "cuda", dtype="float32").translate(LINES)
 
 
-def test_train_speed_on_cuda_prints_mfu_against_the_datasheet_beside_marian(tmp_path):
-    pytest.importorskip("transformers")
+def _benchmark(script: str, *args: str):
+    """`python benchmarks/<script> --device cuda <args>` from the repository root, with
+    `src` ahead of what the environment's PYTHONPATH already holds; asserts it exited 0."""
     import subprocess
 
-    command = [sys.executable, "benchmarks/train_speed.py", "--device", "cuda"]
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run(
-        [*command, "--repeats", "2", "--shapes", "tiny,small,base,big"],
+        [sys.executable, f"benchmarks/{script}", "--device", "cuda", *args],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=1200,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_train_speed_on_cuda_prints_mfu_against_the_datasheet_beside_marian(tmp_path):
+    pytest.importorskip("transformers")
+    result = _benchmark("train_speed.py", "--repeats", "2", "--shapes", "tiny,small,base,big")
     assert "datasheet" in result.stdout and torch.cuda.get_device_name() in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     for shape in ("tiny", "small", "base", "big"):
@@ -176,21 +183,9 @@ def test_train_speed_on_cuda_prints_mfu_against_the_datasheet_beside_marian(tmp_
 
 def test_decode_speed_on_cuda_prints_aiayn_beside_hf_and_the_ratios_of_its_rates(tmp_path):
     pytest.importorskip("transformers")
-    import subprocess
-
     small = ["--d-model", "32", "--heads", "2", "--layers", "1", "--ffn", "64", "--vocab", "100"]
     small += ["--batch-size", "4", "--sentences", "6", "--src-len", "5", "--new-tokens", "6"]
-    command = [sys.executable, "benchmarks/decode_speed.py", "--device", "cuda"]
-    result = subprocess.run(
-        [*command, *small, "--repeats", "1"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = _benchmark("decode_speed.py", *small, "--repeats", "1")
     out = result.stdout
     assert torch.cuda.get_device_name() in out and torch.__version__ in out
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()]
