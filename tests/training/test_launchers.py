@@ -93,3 +93,21 @@ def test_each_rank_of_an_external_launch_logs_to_its_own_file(env: pytest.Monkey
     for name, value in {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}.items():
         env.setenv(name, value)
     assert log_file("/runs/a", "train") == "/runs/a/train_rank1.log"
+
+
+def test_a_multirun_of_several_processes_under_lightnings_launcher_is_refused(tmp_path):
+    """`train.py -m ... trainer.devices=2`: Lightning would restart the command, -m and the
+    sweep included, in its second process, which would run the whole sweep again in a
+    directory of its own (issue 49; on f5393e6 it ran). Every job is refused before any work
+    in one line naming the launchers that work, and no run directory is left."""
+    from tests.helpers import cli, cli_overrides
+
+    args = ["-m", *cli_overrides(tmp_path), "model.num_heads=2,4", "trainer.accelerator=cpu"]
+    args += ["trainer.devices=2", "trainer.strategy=ddp"]
+    result = cli(args, tmp_path)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: job")]
+    assert len(errors) == 2 and all("hydra/launcher=slurm_gpu" in line for line in errors)
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "logs" / "train" / "runs").exists()
+    assert not list((tmp_path / "logs").rglob("*.ckpt"))

@@ -81,7 +81,30 @@ def validate(cfg: DictConfig) -> TrainConfig:
         cfg.compile = config.compile
     devices.check(trainer, config.model.arch)
     devices.check_strategy(trainer)
+    _check_multirun_launch(trainer)
     return config
+
+
+def _check_multirun_launch(trainer: dict[str, Any]) -> None:
+    """Refuse a multirun job of several processes that Lightning's own launcher would start:
+    it restarts this command (`-m` and the whole sweep included) in each extra process, so each
+    would run the sweep again, in directories of its own (issue 49). A job whose processes a
+    cluster launcher started (srun under `hydra/launcher=slurm_gpu`, torchrun) is one
+    process of that launch and goes on."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+        return
+    processes = process_count(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
+    if processes <= 1 or external_launch() is not None:
+        return
+    raise ConfigError(
+        f"a multirun (-m) job of {processes} processes under Lightning's own launcher: "
+        "Lightning restarts this command in each extra process, which would run the whole "
+        "sweep again; run each job on one device (trainer.devices=1), or let the sweep's "
+        "launcher start every process: hydra/launcher=slurm_gpu (srun per job), or torchrun "
+        "per job without -m"
+    )
 
 
 def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
