@@ -93,7 +93,9 @@ def _check_multirun_launch(trainer: dict[str, Any]) -> None:
     process of that launch and goes on."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+    if not HydraConfig.initialized() or getattr(HydraConfig.get().mode, "name", None) != (
+        "MULTIRUN"
+    ):
         return
     processes = process_count(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
     if processes <= 1 or external_launch() is not None:
