@@ -41,10 +41,10 @@ class Launch:
     def share_run_dir(self, claim: Callable[[], str], parent: Path) -> str:
         """Rank 0's `claim()` (a new directory under `parent`); every rank gets its name."""
         if self.kind == "torchrun":
-            return self._share_by_store(claim)
+            return self._share_by_store(claim, parent)
         return self._share_by_file(claim, parent)
 
-    def _share_by_store(self, claim: Callable[[], str]) -> str:
+    def _share_by_store(self, claim: Callable[[], str], parent: Path) -> str:
         from torch.distributed import TCPStore
 
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -59,7 +59,10 @@ class Launch:
             is_master=False,
             timeout=timedelta(seconds=WAIT_SECONDS),
         )
-        name = f"aiayn/run_dir/{self.key}"
+        # one name per directory asked for: Hydra may resolve a run directory more than once,
+        # under another parent (before and after the command line's paths.log_dir), and a
+        # rank that read the first answer for the second got another run's directory
+        name = f"aiayn/run_dir/{self.key}/{os.path.abspath(parent)}"
         if self.rank == 0:
             store.set(name, claim())
         return store.get(name).decode()  # waits for rank 0
