@@ -139,20 +139,26 @@ def test_compile_resolves_by_device_and_refuses_the_lstm_baseline():
 
 
 def test_a_compiled_run_records_it_and_trains(tmp_path):
-    """`compile=true` on the CPU: a real run through Lightning compiles its step (inductor)
-    and records `compile` in metrics.json; the default records false here."""
+    """`compile=true` on the CPU: a real run through Lightning runs its training and
+    validation losses through compiled graphs (Dynamo counts them; the model's own forward,
+    which decoding uses, stays eager) and records `compile` in metrics.json."""
     import json
+
+    from torch._dynamo.utils import counters
 
     from aiayn.training.run import run
     from tests.helpers import compose_train
 
     overrides = ["model=tiny", "trainer.max_steps=2", "trainer.max_epochs=-1", "test=false"]
     overrides += ["trainer.val_check_interval=2", "trainer.check_val_every_n_epoch=null"]
-    overrides += ["~callbacks.rich_progress_bar", "kernels=torch"]
+    overrides += ["~callbacks.rich_progress_bar", "kernels=torch", "compile=true"]
+    counters.clear()
     try:
-        metrics = run(compose_train([*overrides, "compile=true"], output_dir=tmp_path / "on"))
+        metrics = run(compose_train(overrides, output_dir=tmp_path / "on"))
+        graphs = counters["stats"]["unique_graphs"]
     finally:
         kernels.use("cpu")  # run() set the process's policy
         torch._dynamo.reset()
+    assert graphs >= 2  # the training pass and the validation pass (no gradients)
     assert json.loads((tmp_path / "on" / "metrics.json").read_text())["compile"] is True
     assert metrics["updates"] == 2 and metrics["fit"]["val/loss"] < 20

@@ -97,7 +97,8 @@ def _settings(cfg: DataConfig) -> dict[str, object]:
 
 
 def cache_path(cfg: DataConfig) -> Path:
-    """Where the cache for these inputs and settings lives (cheap: stats files, reads none)."""
+    """Where the cache for these inputs and settings lives (cheap: hashes files up to
+    `CONTENT_BYTES` once per process, only stats bigger ones; `sources.text.file_fingerprint`)."""
     inputs = get_source(cfg).fingerprint()
     identity = {"version": CACHE_VERSION, "inputs": inputs, "settings": _settings(cfg)}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ write changes it (ctime cannot be restored by `cp -p`, `rsync -t` or `touch -d`)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
@@ -26,13 +27,21 @@ def file_fingerprint(path: Path) -> list[object]:
     if not path.is_file():
         raise DataError(f"input file {path} not found: check the data config's paths")
     stat = path.stat()
+    identity = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
     if stat.st_size <= CONTENT_BYTES:
-        digest = hashlib.sha256()
-        with path.open("rb") as file:
-            for chunk in iter(lambda: file.read(1 << 20), b""):
-                digest.update(chunk)
-        return [stat.st_size, digest.hexdigest()]
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+        return [stat.st_size, _sha256(*identity)]
+    return list(identity)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, *stat: int) -> str:
+    """SHA-256 of the file at `path`, once per process for each `stat` of it (a run keys its
+    cache more than once)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def iter_lines(path: Path) -> Iterator[str]:
