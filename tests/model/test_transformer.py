@@ -169,6 +169,30 @@ def test_padding_invariance(stack: dict, head_dim: int | None) -> None:
     torch.testing.assert_close(explicit, alone, atol=1e-5, rtol=1e-5)
 
 
+def test_a_none_target_mask_is_derived_from_pad_id_unless_right_padding_is_promised() -> None:
+    """Left-padded targets without a mask are masked as `tgt_mask=tgt != PAD` would mask them
+    (a real token never attends to padding); `tgt_right_padded=True`, which the training path
+    passes, takes no target mask and matches for right-padded targets."""
+    model = tiny_model()
+    src = random_tokens(2, 6, 23, seed=3)
+    left = random_tokens(2, 7, 23, seed=4)
+    left[0, :3] = PAD
+    right = random_tokens(2, 7, 23, seed=4)
+    right[0, 4:] = PAD
+    with torch.no_grad():
+        derived = model(src, left)[0, 3:]
+        explicit = model(src, left, tgt_mask=left != PAD)[0, 3:]
+        unmasked = model(src, left, tgt_right_padded=True)[0, 3:]
+        memory = model.encode(src)
+        decoded = model.decode(left, memory, None)[0, 3:]
+        fast = model(src, right, tgt_right_padded=True)[0, :4]
+        masked = model(src, right)[0, :4]
+    torch.testing.assert_close(derived, explicit, atol=1e-6, rtol=0)
+    torch.testing.assert_close(decoded, explicit, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(unmasked, explicit, atol=1e-3)  # the promise broken: differs
+    torch.testing.assert_close(fast, masked, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("stack", "head_dim"), with_head_dims(6))  # width 24 > d_model 16
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 @pytest.mark.parametrize("packed", [False, True], ids=["weights", "packed weights"])

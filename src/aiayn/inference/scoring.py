@@ -16,11 +16,11 @@ from aiayn.model.ensemble import Ensemble
 
 
 def _logprobs(model: torch.nn.Module, src: Tensor, tgt_in: Tensor) -> Tensor:
-    """``(B, T, V)`` log-probabilities; an ensemble's are the log of its members' mean."""
-    if isinstance(model, Ensemble):
-        members = [m(src, tgt_in).float().log_softmax(-1) for m in model.members]
-        return torch.logsumexp(torch.stack(members), dim=0) - math.log(len(members))
-    return model(src, tgt_in).float().log_softmax(-1)
+    """``(B, T, V)`` log-probabilities of right-padded ``tgt_in`` (as `collate` pads); an
+    ensemble's are the log of its members' mean."""
+    members = model.members if isinstance(model, Ensemble) else [model]
+    logprobs = [m(src, tgt_in, tgt_right_padded=True).float().log_softmax(-1) for m in members]
+    return torch.logsumexp(torch.stack(logprobs), dim=0) - math.log(len(logprobs))
 
 
 @torch.inference_mode()

@@ -213,10 +213,13 @@ class AttentionLSTM(nn.Module):
         memory: Tensor,
         src_mask: Tensor | None,
         tgt_mask: Tensor | None = None,
+        *,
+        tgt_right_padded: bool = False,
     ) -> Tensor:
         """Teacher-forced pass: ``tgt_in (B, T)``, ``memory (B, S, D)`` -> ``logits (B, T,
-        V)``. The decoder is causal by construction, so target padding (which follows the real
-        tokens) changes no real position and ``tgt_mask`` is not needed."""
+        V)``. The decoder is causal by construction, so target padding, which must follow the
+        real tokens, changes no real position: ``tgt_mask`` and ``tgt_right_padded`` (taken
+        for ``Transformer.decode``'s signature) are not needed."""
         return self.decode_step(tgt_in, self.init_cache(memory, src_mask))
 
     def forward(
@@ -226,9 +229,12 @@ class AttentionLSTM(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         features_only: bool = False,
+        *,
+        tgt_right_padded: bool = False,
     ) -> Tensor:
         """``src (B, S)``, ``tgt_in (B, T)`` -> ``logits (B, T, V)`` (masks and
-        ``features_only`` as in ``Transformer.forward``)."""
+        ``features_only`` as in ``Transformer.forward``; targets must be right-padded, as in
+        ``decode``)."""
         mask = self._key_mask(src, src_mask)  # checked once per batch
         cache = self._init_cache(self._encode(src, mask), mask)
         features = self._step(tgt_in, cache)[0]

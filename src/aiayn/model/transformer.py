@@ -5,6 +5,9 @@ Shapes: ``src (B, S)``, ``tgt_in (B, T)`` token ids; ``memory (B, S, D)``; ``log
 (``aiayn.model.masks``). Where the tokens are at hand (``encode``, ``forward``, the target of
 ``decode``) a None mask is derived from ``config.pad_id``. ``decode`` and ``init_cache`` only
 see the ``memory``: they require ``src_mask``, where an explicit None means no source padding.
+``tgt_right_padded=True`` (what aiayn's training and scoring pass) promises targets padded on
+the right only; the decoder then takes no target mask, as the causal mask already hides the
+padding from every real position, and attention keeps its fused causal kernels.
 """
 
 from __future__ import annotations
@@ -159,12 +162,17 @@ class Transformer(nn.Module):
             return None
         return mask
 
-    def _target_key_mask(self, tgt_in: Tensor, mask: Tensor | None) -> Tensor | None:
-        """The decoder's self-attention key mask: None where it comes from ``pad_id``. Targets
-        are padded on the right, so under the causal mask a real position attends to real
-        positions only; padded positions, which the loss does not read, may attend to padding,
-        and attention keeps its fused causal kernels (no (B, T, T) mask)."""
-        return None if mask is None else self._key_mask(tgt_in, mask)
+    def _target_key_mask(
+        self, tgt_in: Tensor, mask: Tensor | None, right_padded: bool
+    ) -> Tensor | None:
+        """The decoder's self-attention key mask: given, derived from ``pad_id``, or None for
+        right-padded targets without a mask. Under the causal mask a real position of a
+        right-padded row attends to real positions only; padded positions, which the loss does
+        not read, may attend to padding, and attention keeps its fused causal kernels (no
+        (B, T, T) mask)."""
+        if mask is None and right_padded:
+            return None
+        return self._key_mask(tgt_in, mask)
 
     # -- encoder / decoder ------------------------------------------------------------------
 
@@ -201,16 +209,20 @@ class Transformer(nn.Module):
         memory: Tensor,
         src_mask: Tensor | None,
         tgt_mask: Tensor | None = None,
+        *,
+        tgt_right_padded: bool = False,
     ) -> Tensor:
         """Teacher-forced decoder pass: ``tgt_in (B, T)``, ``memory (B, S, D)`` ->
         ``logits (B, T, V)``.
 
         ``src_mask (B, S)``: the source key-padding mask (True = real). Required, since the
         source tokens are not at hand to derive it: pass None explicitly for a source without
-        padding. ``tgt_mask (B, T)``: target key-padding mask (None = derived from ``pad_id``).
+        padding. ``tgt_mask (B, T)``: target key-padding mask (None = derived from ``pad_id``,
+        or none at all with ``tgt_right_padded``; see the module docstring).
         """
         src_key = self._key_mask(None, src_mask)
-        return self._decode(tgt_in, memory, src_key, self._target_key_mask(tgt_in, tgt_mask))
+        tgt_key = self._target_key_mask(tgt_in, tgt_mask, tgt_right_padded)
+        return self._decode(tgt_in, memory, src_key, tgt_key)
 
     def forward(
         self,
@@ -219,16 +231,19 @@ class Transformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         features_only: bool = False,
+        *,
+        tgt_right_padded: bool = False,
     ) -> Tensor:
         """``src (B, S)``, ``tgt_in (B, T)`` (teacher forcing, starts with BOS) ->
         ``logits (B, T, V)``; masks ``(B, S)``/``(B, T)`` True = real, default from ``pad_id``.
-        Targets padded with ``pad_id`` must be padded on the right (as `aiayn.data` pads):
-        the outputs at padded positions are then not defined. ``features_only``: the
-        decoder's output ``(B, T, D)`` instead, before ``self.output``
+        The outputs at padded positions are not defined. Positions count from the first
+        column, so pad on the right (as `aiayn.data` does) for a row to match its unpadded
+        self; ``tgt_right_padded=True`` then skips the target mask (module docstring).
+        ``features_only``: the decoder's output ``(B, T, D)`` instead, before ``self.output``
         (as fairseq's; `projected_label_smoothed_loss` applies the output layer itself)."""
         src_key = self._key_mask(src, src_mask)
         memory = self._encode(src, src_key)
-        tgt_key = self._target_key_mask(tgt_in, tgt_mask)
+        tgt_key = self._target_key_mask(tgt_in, tgt_mask, tgt_right_padded)
         return self._decode(tgt_in, memory, src_key, tgt_key, features_only)
 
     # -- incremental decoding ---------------------------------------------------------------

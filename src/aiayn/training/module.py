@@ -101,8 +101,9 @@ class TranslationModule(L.LightningModule):
 
     # ------------------------------------------------------------------ forward and loss
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src (B, S), tgt_in (B, T) -> logits (B, T, V); padding masks come from pad ids."""
-        return self.model(src, tgt_in)
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V); padding masks come from pad ids
+        (targets right-padded, as `aiayn.data` pads them)."""
+        return self.model(src, tgt_in, tgt_right_padded=True)
 
     def losses(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """(label-smoothed loss, NLL), each a mean over the non-padding targets of `batch`
@@ -111,7 +112,7 @@ class TranslationModule(L.LightningModule):
 
     def _losses(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor]:
         """`losses` of ``src (B, S)``, ``tgt_in (B, T)``, ``tgt_out (B, T)``."""
-        features = self.model(src, tgt_in, features_only=True)
+        features = self.model(src, tgt_in, features_only=True, tgt_right_padded=True)
         smoothing, pad = self.optim_config.label_smoothing, self.model_config.pad_id
         return projected_label_smoothed_loss(features, self.model.output, tgt_out, smoothing, pad)
 
