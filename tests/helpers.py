@@ -3,7 +3,9 @@ run a command-line tool as a user would, and read what a run wrote (CSV, W&B).""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -209,3 +211,89 @@ def rounded(value):
     if isinstance(value, dict):
         return {k: rounded(v) for k, v in value.items()}
     return value
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+def two_processes(
+    launcher: str, args: list[str], job: int = 1, timeout: int = 900, settle: float | None = None
+) -> list[tuple[int, str, float]]:
+    """train.py as two processes started the way a cluster starts them: `torchrun --nnodes 2
+    --node-rank r` (one agent per "node" on localhost), or as `srun --ntasks-per-node 2`
+    would (SLURM's variables set by hand: there is no SLURM here). Each one's (exit code,
+    output, seconds it ran); one still running after `timeout` seconds, or `settle` seconds
+    after the first one ended, is killed with every process under it (exit code -9)."""
+    import os
+    import sys
+    import tempfile
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    commands, envs = [], []
+    for rank in (0, 1):
+        if launcher == "torchrun":
+            torchrun = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+            torchrun += ["--node-rank", str(rank), "--master-addr", "127.0.0.1"]
+            commands.append([sys.executable, *torchrun, "--master-port", str(port), "train.py"])
+            envs.append(env)
+        else:
+            slurm = {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
+            slurm |= {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0"}
+            slurm |= {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
+            slurm |= {"SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
+            commands.append([sys.executable, "train.py"])
+            envs.append({**env, **slurm})
+    with contextlib.ExitStack() as stack:  # files, not pipes: a stray child cannot hold them
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in commands]
+        return _run_until(commands, envs, args, logs, timeout, settle)
+
+
+def _run_until(commands, envs, args, logs, timeout, settle) -> list[tuple[int, str, float]]:
+    import os
+    import subprocess
+
+    start = time.monotonic()
+    processes = [
+        subprocess.Popen(
+            [*command, *args], cwd=REPO, env=rank_env, stdout=log, stderr=log, text=True
+        )
+        for command, rank_env, log in zip(commands, envs, logs, strict=True)
+    ]
+    ended: dict[int, float] = {}
+    while len(ended) < len(processes) and time.monotonic() - start < timeout:
+        if ended and settle is not None and time.monotonic() - start > min(ended.values()) + settle:
+            break
+        for i, process in enumerate(processes):
+            if i not in ended and process.poll() is not None:
+                ended[i] = time.monotonic() - start
+        time.sleep(0.2)
+    results = []
+    for i, (process, log) in enumerate(zip(processes, logs, strict=True)):
+        for pid in [*_descendants(process.pid), process.pid]:  # torchrun's workers too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        process.wait()
+        log.seek(0)
+        results.append((process.returncode, log.read(), ended.get(i, timeout)))
+    return results
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

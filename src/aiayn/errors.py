@@ -54,7 +54,10 @@ class DivergedError(AiaynError):
 
 
 class DistributedError(AiaynError):
-    """Another process of a multi-process run died."""
+    """Another process of a multi-process run died. `quiet`: another process prints the
+    line, this one only exits 1 (one line for the whole run)."""
+
+    quiet = False
 
 
 class StorageError(AiaynError):
@@ -142,7 +145,8 @@ def exit_on_error(function: F) -> F:
                 raise
             job = _multirun_job()
             if job is None:
-                print(f"error: {error}", file=sys.stderr, flush=True)
+                if not getattr(error, "quiet", False):
+                    print(f"error: {error}", file=sys.stderr, flush=True)
                 _discard_empty_run_dirs()
                 sys.exit(1)
             name, directory = job

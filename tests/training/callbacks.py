@@ -9,14 +9,15 @@ import lightning as L
 class KillAtStep(L.Callback):
     """SIGKILL the process when the update after `step` is about to start, i.e. after
     everything step `step` wrote (its validation and checkpoints) is on disk; only on DDP
-    rank `rank` when given (a rank dying under the others)."""
+    rank `rank` when given (a rank dying under the others). `signal="SIGSTOP"`: the process
+    stops answering instead, as a hung one (or, to the others, a dead one under NCCL)."""
 
-    def __init__(self, step: int, rank: int | None = None) -> None:
-        self.step, self.rank = step, rank
+    def __init__(self, step: int, rank: int | None = None, signal: str = "SIGKILL") -> None:
+        self.step, self.rank, self.signal = step, rank, signal
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, self.signal))
 
 
 class TermAtStep(L.Callback):

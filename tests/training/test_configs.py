@@ -154,6 +154,7 @@ def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, n
         (["test_ckpt=ema"], "callbacks=\\[default,ema\\]"),
         (["+val_decode.beam_width=3"], "beam_width"),
         (["+val_decode.strategy=nucleus"], "decode.strategy"),
+        (["peer_silence_s=0"], "peer_silence_s must be > 0"),
     ],
 )
 def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):

@@ -2,7 +2,6 @@
 summary, W&B offline runs. Run with `python -m pytest -m slow`."""
 
 import json
-import os
 import re
 import signal
 
@@ -19,6 +18,7 @@ from tests.helpers import (
     reported,
     rounded,
     run_dirs,
+    two_processes,
     wandb_rows,
 )
 
@@ -350,53 +350,13 @@ def test_sweep_table3_launches_every_row_and_the_report_covers_them(tmp_path):
         assert bool(paper_ppl.strip()) == (row in PAPER), line
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return free.getsockname()[1]
-
-
 def _two_processes(launcher: str, args: list[str], job: int = 1) -> list[str]:
-    """train.py as two processes started the way a cluster starts them: `torchrun --nnodes 2
-    --node-rank r` (one agent per "node" on localhost), or as `srun --ntasks-per-node 2`
-    would (SLURM's variables set by hand: there is no SLURM here). Returns each process's
-    output, after asserting that it exited 0 as its rank."""
-    import subprocess
-    import sys
-
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    commands, envs = [], []
-    for rank in (0, 1):
-        if launcher == "torchrun":
-            torchrun = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
-            torchrun += ["--node-rank", str(rank), "--master-addr", "127.0.0.1"]
-            commands.append([sys.executable, *torchrun, "--master-port", str(port), "train.py"])
-            envs.append(env)
-        else:
-            slurm = {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
-            slurm |= {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0"}
-            slurm |= {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
-            slurm |= {"SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
-            commands.append([sys.executable, "train.py"])
-            envs.append({**env, **slurm})
-    processes = [
-        subprocess.Popen(
-            [*command, *args],
-            cwd=REPO,
-            env=rank_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for command, rank_env in zip(commands, envs, strict=True)
-    ]
-    outputs = [process.communicate(timeout=900)[0] for process in processes]
-    for rank, (process, output) in enumerate(zip(processes, outputs, strict=True)):
-        assert process.returncode == 0, output[-3000:]
+    """`two_processes` that must each exit 0 as their rank; their outputs."""
+    outputs = []
+    for rank, (code, output, _) in enumerate(two_processes(launcher, args, job)):
+        assert code == 0, output[-3000:]
         assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output, output[-3000:]
+        outputs.append(output)
     return outputs
 
 

@@ -65,6 +65,9 @@ class TrainConfig:
     # a multirun to relaunch (`-m` with its overrides): finished jobs kept, stopped ones
     # resumed from their last.ckpt, the rest run (aiayn.training.sweep_resume)
     resume_sweep: Optional[str] = None  # noqa: UP045
+    # several processes: a rank not heard from for this long ends the run with one line naming
+    # it (aiayn.callbacks.PeerWatch; NCCL itself would wait for its 30-minute timeout)
+    peer_silence_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.model.share_embeddings == "all" and not self.data.tokenizer.joint:
@@ -87,6 +90,8 @@ class TrainConfig:
             )
         if self.num_samples < 0:
             raise ConfigError(f"num_samples must be >= 0, got {self.num_samples}")
+        if not self.peer_silence_s > 0:
+            raise ConfigError(f"peer_silence_s must be > 0 seconds, got {self.peer_silence_s}")
         if self.optimized_metric not in OPTIMIZABLE:
             raise ConfigError(
                 f"optimized_metric={self.optimized_metric!r} is not a metric the run logs; use "

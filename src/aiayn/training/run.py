@@ -30,18 +30,20 @@ from aiayn.callbacks import (
     EMA,
     AverageCheckpoints,
     LastCheckpoint,
+    PeerWatch,
     RNGState,
     SigtermAtLogSteps,
     SyncedTimer,
     Throughput,
 )
+from aiayn.callbacks.peers import peer_gone
 from aiayn.callbacks.throughput import peak_rss_mib
 from aiayn.config import process_count
 from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.sampler import mid_epoch_world_size
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import ConfigError, DistributedError, writing
+from aiayn.errors import ConfigError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.kernels.allocator import keep_freed_memory
 from aiayn.kernels.compiled import resolve_compile
@@ -133,10 +135,13 @@ def _init_weights(config: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
 def build_trainer(config: TrainConfig, resumed_step: int | None = None) -> L.Trainer:
     """Trainer, callbacks and loggers from their configs (bad arguments fail here, before any
     data is read), plus what every run has: RNG state in checkpoints, throughput, atomic
-    checkpoint writes, and no collective in a training step between log steps beyond the
-    gradients' (a SIGTERM is agreed on and `trainer.max_time`'s clock read at log steps)."""
+    checkpoint writes, no collective in a training step between log steps beyond the
+    gradients' (a SIGTERM is agreed on and `trainer.max_time`'s clock read at log steps), and
+    a watch for dead ranks."""
     callbacks = [_instantiate(f"callbacks.{k}", c) for k, c in config.callbacks.items() if c]
+    last = Path(config.paths.output_dir) / "checkpoints" / "last.ckpt"
     callbacks += [RNGState(), Throughput(), SigtermAtLogSteps()]
+    callbacks += [PeerWatch(config.peer_silence_s, last)]
     show_progress = config.trainer.get("enable_progress_bar", True)
     set_progress(show_progress)  # data preparation's bars too
     if not show_progress:  # so the flag alone turns it off
@@ -251,7 +256,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if config.train:
             if resumed_step is not None:  # every check passed: the run's history continues
                 _continue_history(trainer, resumed_step)
-            with _peer_death_named(trainer, output_dir):
+            with _peer_death_named(trainer):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
             throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
@@ -270,7 +275,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             metrics["matmul_peak_gflops"] = measured / 1e9 if measured else None
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
-            results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
+            with _peer_death_named(trainer):
+                results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
             metrics["test"] = results[0] if results else {}
             metrics["test_checkpoint"] = checkpoint
         metrics.update(_checkpoint_info(trainer), parameters=summary, run_dir=str(output_dir))
@@ -508,28 +514,19 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-# what torch.distributed says when another process of the run is gone
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
-
-
 @contextmanager
-def _peer_death_named(trainer: L.Trainer, output_dir: Path) -> Iterator[None]:
+def _peer_death_named(trainer: L.Trainer) -> Iterator[None]:
     """A DDP peer that died (killed, out of memory, its node lost) makes a collective fail in
-    this process; that becomes one line naming what happened and how to resume."""
+    this process; that becomes one line naming the dead rank and how to resume
+    (`aiayn.callbacks.PeerWatch`)."""
     try:
         yield
     except RuntimeError as error:
-        seen = next((m for m in PEER_GONE if m in str(error)), None)
-        if trainer.world_size == 1 or seen is None:
+        seen = peer_gone(error)
+        watch = next((c for c in trainer.callbacks if isinstance(c, PeerWatch)), None)
+        if trainer.world_size == 1 or seen is None or watch is None:
             raise
-        last = output_dir / "checkpoints" / "last.ckpt"
-        resume = f"; resume with ckpt_path={last}" if last.is_file() else ""
-        raise DistributedError(
-            f"another process of this {trainer.world_size}-process run died near update "
-            f"{trainer.global_step} (rank {trainer.global_rank} saw '{seen}'); check that "
-            "process's log and memory"
-            f"{resume}"
-        ) from None
+        raise watch.error(seen) from None
 
 
 @rank_zero_only
