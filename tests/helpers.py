@@ -221,14 +221,20 @@ def free_port() -> int:
         return free.getsockname()[1]
 
 
-def two_processes(
-    launcher: str, args: list[str], job: int = 1, timeout: int = 900, settle: float | None = None
+def launch(
+    launcher: str,
+    args: list[str],
+    job: int = 1,
+    timeout: int = 900,
+    settle: float | None = None,
+    count: int = 2,
 ) -> list[tuple[int, str, float]]:
-    """train.py as two processes started the way a cluster starts them: `torchrun --nnodes 2
-    --node-rank r` (one agent per "node" on localhost), or as `srun --ntasks-per-node 2`
-    would (SLURM's variables set by hand: there is no SLURM here). Each one's (exit code,
-    output, seconds it ran); one still running after `timeout` seconds, or `settle` seconds
-    after the first one ended, is killed with every process under it (exit code -9)."""
+    """train.py as `count` processes started the way a cluster starts them: `torchrun
+    --nnodes <count> --node-rank r` (one agent per "node" on localhost), or as `srun
+    --ntasks-per-node <count>` would (SLURM's variables set by hand: there is no SLURM
+    here). Each one's (exit code, output, seconds it ran); one still running after `timeout`
+    seconds, or `settle` seconds after the first one ended, is killed with every process
+    under it (exit code -9)."""
     import os
     import sys
     import tempfile
@@ -236,15 +242,23 @@ def two_processes(
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     commands, envs = [], []
-    for rank in (0, 1):
+    for rank in range(count):
         if launcher == "torchrun":
-            torchrun = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+            torchrun = [
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(count),
+                "--nproc-per-node",
+                "1",
+            ]
             torchrun += ["--node-rank", str(rank), "--master-addr", "127.0.0.1"]
             commands.append([sys.executable, *torchrun, "--master-port", str(port), "train.py"])
             envs.append(env)
         else:
             slurm = {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
-            slurm |= {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0"}
+            tasks = str(count)
+            slurm |= {"SLURM_NTASKS": tasks, "SLURM_NTASKS_PER_NODE": tasks, "SLURM_NODEID": "0"}
             slurm |= {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
             slurm |= {"SLURM_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
             commands.append([sys.executable, "train.py"])

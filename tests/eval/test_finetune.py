@@ -11,7 +11,7 @@ import torch
 from aiayn.data.tokenizer import Tokenizers
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.training.run import build, validate
-from tests.helpers import CONFIG_ERRORS, cli, cli_overrides, compose_train, run_dirs
+from tests.helpers import CONFIG_ERRORS, cli, cli_overrides, compose_train, launch, run_dirs
 
 
 def test_fine_tuning_starts_from_the_checkpoints_weights_and_tokenizer(ckpt, tmp_path):
@@ -44,22 +44,32 @@ def test_fine_tuning_run_has_a_fresh_optimizer_and_its_own_directory(ckpt, tmp_p
 
 
 @pytest.mark.slow
-def test_fine_tuning_on_two_processes_prepares_the_data_once(ckpt, tmp_path):
-    """`init_from` under DDP (2 gloo processes, Lightning's launcher): every rank writes the
-    checkpoint's tokenizer into the run directory (atomically, the same bytes), and the data
-    cache, keyed by its content, is prepared once and shared (issue 49: on f5393e6 the second
-    rank's rewrite changed the key and it prepared the whole corpus again). Three processes
-    would need three cores, which CI's machine lacks."""
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"], ids=["2 processes", "3 processes"])
+def test_fine_tuning_on_several_processes_prepares_the_data_once(launcher, ckpt, tmp_path):
+    """`init_from` under DDP (2 gloo processes of Lightning's launcher, or 3 one-process
+    torchrun "nodes": Lightning's launcher takes no more processes than cores): every rank
+    writes the checkpoint's tokenizer into the run directory (atomically, the same bytes), and
+    the data cache, keyed by its content, is prepared once and shared (issue 49: on f5393e6 the
+    second rank's rewrite changed the key and it prepared the whole corpus again)."""
     steps = ["trainer.max_steps=2", "trainer.max_epochs=-1", "trainer.val_check_interval=2"]
     steps += ["trainer.check_val_every_n_epoch=null", "test=false"]
-    ddp = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
-    overrides = [*cli_overrides(tmp_path), "model=tiny", f"init_from={ckpt}", *steps, *ddp]
-    proc = cli(overrides, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    output = proc.stdout + proc.stderr
+    overrides = [*cli_overrides(tmp_path), "model=tiny", f"init_from={ckpt}", *steps]
+    overrides += ["trainer.accelerator=cpu", "trainer.strategy=ddp"]
+    if launcher == "lightning":
+        proc = cli([*overrides, "trainer.devices=2"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outputs = [proc.stdout + proc.stderr]
+    else:
+        nodes = ["trainer.devices=1", "trainer.num_nodes=3"]
+        results = launch("torchrun", [*overrides, *nodes], count=3)
+        assert [code for code, _, _ in results] == [0, 0, 0], results[0][1][-3000:]
+        outputs = [output for _, output, _ in results]
+    output = "".join(outputs)
     assert output.count("prepared data cache") == 1, output[-3000:]
     caches = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("toy-en-de-")]
     assert len(caches) == 1, caches
+    (run,) = run_dirs(tmp_path)
+    assert (run / "init_tokenizer" / "tokenizer.json").is_file()
 
 
 @pytest.mark.parametrize(

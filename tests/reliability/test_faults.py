@@ -16,7 +16,7 @@ import torch
 
 from aiayn import config as config_module
 from aiayn.errors import StorageError
-from tests.helpers import REPO, cli, cli_overrides, compose_train, fast_overrides, two_processes
+from tests.helpers import REPO, cli, cli_overrides, compose_train, fast_overrides, launch
 
 
 def _no_space(*args, **kwargs):
@@ -193,7 +193,7 @@ def test_a_dead_rank_under_torchrun_or_srun_is_named_in_one_line(launcher, signa
     args += [f"+callbacks.kill.signal={signal}"]
     args += ["trainer.num_nodes=2", "trainer.devices=1"] if launcher == "torchrun" else []
     args += ["trainer.devices=2"] if launcher == "srun" else []
-    (code, output, seconds), (_, other, _) = two_processes(launcher, args, timeout=150, settle=10)
+    (code, output, seconds), (_, other, _) = launch(launcher, args, timeout=150, settle=10)
     assert code == 1, output[-3000:]
     assert seconds < 90, output[-3000:]
     _dead_rank_line([output, other], 1, why)

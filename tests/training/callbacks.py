@@ -113,3 +113,17 @@ class WeightTrace(L.Callback):
         import torch
 
         torch.save(self.trace, self.path)
+
+
+class RecordIds(L.Callback):
+    """Append each training batch's example ids, with its epoch, to `<path>.<rank>` (one JSON
+    list per line)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import json
+
+        with open(f"{self.path}.{trainer.global_rank}", "a") as file:
+            file.write(json.dumps([trainer.current_epoch, batch.ids.tolist()]) + "\n")

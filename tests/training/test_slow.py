@@ -14,11 +14,11 @@ from tests.helpers import (
     cli,
     cli_overrides,
     csv_metrics,
+    launch,
     read_wandb_records,
     reported,
     rounded,
     run_dirs,
-    two_processes,
     wandb_rows,
 )
 
@@ -351,9 +351,9 @@ def test_sweep_table3_launches_every_row_and_the_report_covers_them(tmp_path):
 
 
 def _two_processes(launcher: str, args: list[str], job: int = 1) -> list[str]:
-    """`two_processes` that must each exit 0 as their rank; their outputs."""
+    """Two processes of `launch` that must each exit 0 as their rank; their outputs."""
     outputs = []
-    for rank, (code, output, _) in enumerate(two_processes(launcher, args, job)):
+    for rank, (code, output, _) in enumerate(launch(launcher, args, job)):
         assert code == 0, output[-3000:]
         assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in output, output[-3000:]
         outputs.append(output)
@@ -415,6 +415,54 @@ def test_resume_under_another_launcher_is_exact_and_another_world_size_is_refuse
     straight_last = run_dirs(straight)[0] / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 12
     assert _max_diff(_weights(straight_last), _weights(last)) <= 1e-6
+
+
+def _ids_by_epoch(path) -> dict[int, list[int]]:
+    """The example ids `RecordIds` wrote under `path` (every rank's file), by epoch."""
+    seen: dict[int, list[int]] = {}
+    for file in path.parent.glob(f"{path.name}.*"):
+        for line in file.read_text().splitlines():
+            epoch, ids = json.loads(line)
+            seen.setdefault(epoch, []).extend(ids)
+    return seen
+
+
+@pytest.mark.parametrize("resumed_on", [2, 3])
+def test_an_epoch_end_of_four_processes_resumes_on_fewer_and_sees_each_example_once(
+    resumed_on, tmp_path
+):
+    """torchrun, 4 one-process "nodes", stops at the end of epoch 0; resumed on 3 or 2, the
+    next epoch covers every example of the first exactly once, and none of epoch 0 is seen
+    again (issue 49: on f5393e6, 4 -> 2 processes replayed 0.49 of the stopped epoch, as
+    tests/data/test_sampler.py shows on the sampler alone)."""
+    small = ["data.toy.train_size=200", "data.toy.val_size=20", "data.toy.test_size=20"]
+    small += ["data.max_tokens=512", "trainer.accelerator=cpu", "test=false", "val_bleu=false"]
+    small += ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"]
+    small += ["trainer.max_steps=-1", "+callbacks.ids._target_=tests.training.callbacks.RecordIds"]
+    args = [*cli_overrides(tmp_path), *small, "trainer.devices=1"]
+    first = tmp_path / "ids_first"
+    for code, output, _ in launch(
+        "torchrun",
+        [*args, f"+callbacks.ids.path={first}", "trainer.max_epochs=1", "trainer.num_nodes=4"],
+        count=4,
+    ):
+        assert code == 0, output[-3000:]
+    (run,) = run_dirs(tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    state = saved["TranslationDataModule"]["train_sampler"]
+    assert state["position"] == state["batches"]  # the epoch's end
+    then = tmp_path / "ids_then"
+    resume = [f"ckpt_path={last}", "trainer.max_epochs=2", f"trainer.num_nodes={resumed_on}"]
+    for code, output, _ in launch(
+        "torchrun", [*args, f"+callbacks.ids.path={then}", *resume], count=resumed_on
+    ):
+        assert code == 0, output[-3000:]
+    before, after = _ids_by_epoch(first), _ids_by_epoch(then)
+    assert list(before) == [0] and list(after) == [1]  # nothing of epoch 0 again
+    assert len(before[0]) == len(set(before[0])) > 150
+    assert sorted(after[1]) == sorted(before[0])  # each example once
+    assert torch.load(last, weights_only=True)["global_step"] > saved["global_step"]
 
 
 def test_fsdp_on_two_cpu_processes_matches_ddp_and_its_checkpoints_load_on_one_device(tmp_path):
