@@ -1,7 +1,8 @@
 """The GPU layer: what only a CUDA machine can run, `python -m pytest -m gpu` (skipped where
 torch sees no CUDA GPU). It trains through `train.py` as a user does: each precision with
-gradient clipping, DDP on 2 GPUs, FSDP on the GPUs there are, a SIGKILL and a resume equal to
-an uninterrupted run; decodes with beam search, `evaluate.py` and `translate.py` on the GPU
+gradient clipping, DDP on 2 GPUs, FSDP on the GPUs there are with checkpoint averaging, a
+multirun of one-GPU jobs, 16-mixed with accumulation, a SIGKILL and a resume equal to an
+uninterrupted run; decodes with beam search, `evaluate.py` and `translate.py` on the GPU
 (float32 equal to the CPU, bf16/fp16 by `dtype=auto`), CTranslate2 on the GPU; and runs
 `benchmarks/train_speed.py --device cuda` and `benchmarks/decode_speed.py --device cuda`. The
 CPU emulation of what CUDA enforces (collectives on the device, no host-device syncs in a step,
@@ -67,16 +68,20 @@ def test_ddp_on_two_gpus_trains_over_nccl(tmp_path):
     assert_loss_fell(csv_metrics(run)["train/loss"], by=1.0)
 
 
-def test_fsdp_on_the_gpus_there_are_trains_in_bf16_and_its_checkpoint_loads(tmp_path):
+def test_fsdp_on_the_gpus_there_are_trains_in_bf16_averages_and_its_checkpoints_load(tmp_path):
     """`trainer=fsdp` on every GPU of the machine (one is enough to exercise sharding, the
-    bf16 mixed-precision policy and the whole-checkpoint gather)."""
+    bf16 mixed-precision policy and the whole-checkpoint gather), with the averaging callback
+    and `test_ckpt=averaged`: the average has whole weights and loads on any device."""
     from aiayn.inference import load_checkpoint
 
     devices = torch.cuda.device_count()
     run, result = _train(
         tmp_path,
         "trainer=fsdp",
-        "callbacks=default",
+        "callbacks=[default,average]",
+        "callbacks.average.last=2",
+        "callbacks.average.every_n_steps=20",
+        "test_ckpt=averaged",
         "trainer.accelerator=gpu",
         f"trainer.devices={devices}",
         "trainer.gradient_clip_val=1.0",
@@ -86,6 +91,40 @@ def test_fsdp_on_the_gpus_there_are_trains_in_bf16_and_its_checkpoint_loads(tmp_
     last = run / "checkpoints" / "last.ckpt"  # whole weights: one device decodes as another
     on_gpu = load_checkpoint(last, "cuda").translate(LINES)
     assert on_gpu == load_checkpoint(last, "cpu").translate(LINES)
+    averaged = run / "checkpoints" / "averaged.ckpt"
+    saved = torch.load(averaged, weights_only=True)
+    assert saved["averaged_from"] == ["step 40", "step 60"]
+    whole = torch.load(last, weights_only=True)["state_dict"]
+    assert {k: v.shape for k, v in saved["state_dict"].items()} == {
+        k: v.shape for k, v in whole.items()
+    }
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test_checkpoint"] == str(averaged)
+    assert load_checkpoint(averaged, "cpu").translate(LINES)
+
+
+def test_a_multirun_of_one_gpu_jobs_runs_each_job_once(tmp_path):
+    """`-m` with `trainer.devices=1` jobs on the basic launcher (one process, the jobs one
+    after another on the GPU): every job its own directory and result, none run twice."""
+    args = [*cli_overrides(tmp_path), *TOY, *SIXTY_STEPS, "trainer=gpu", "trainer.devices=1"]
+    result = cli(["-m", *args, "seed=1,2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1"]
+    seeds = [json.loads((job / "metrics.json").read_text()) for job in jobs]
+    assert all(0.0 <= m["test"]["test/bleu"] <= 100.0 for m in seeds)
+    assert not (tmp_path / "logs" / "train" / "runs").exists()  # no stray run directory
+
+
+def test_fp16_with_accumulation_skips_no_early_update(tmp_path):
+    """16-mixed with 2 micro-batches per update: the first updates are kept (the loss is
+    summed at GradScaler's initial scale without overflowing; issue 49)."""
+    run, _ = _train(tmp_path, "trainer.precision=16-mixed", "trainer.accumulate_grad_batches=2")
+    logged = csv_metrics(run)
+    assert logged["train/skipped_updates"][0] == 0  # by update 5
+    assert max(logged["train/skipped_updates"]) <= 1
+    assert_loss_fell(logged["train/loss"], by=1.0)
 
 
 def test_sigkill_and_resume_equal_an_uninterrupted_run(tmp_path):

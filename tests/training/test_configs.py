@@ -214,7 +214,6 @@ def test_every_shipped_callback_and_logger_instantiates(group, tmp_path):
         (["trainer.accelerator=cpu", "trainer.precision=16-mixed"], "trainer.precision=16-mixed"),
         (["trainer.accelerator=cpu", "trainer.devices=4096"], "trainer.devices=4096"),
         (["trainer=fsdp", "callbacks=[default,ema]"], "callbacks.ema"),
-        (["trainer=fsdp", "callbacks=[default,average]"], "callbacks.average"),
         (["trainer=fsdp", "callbacks=[default,attention]"], "callbacks.attention"),
     ],
 )

@@ -467,9 +467,13 @@ def test_an_epoch_end_of_four_processes_resumes_on_fewer_and_sees_each_example_o
 
 def test_fsdp_on_two_cpu_processes_matches_ddp_and_its_checkpoints_load_on_one_device(tmp_path):
     """`trainer=fsdp` (FSDP2 over gloo, each process holding half of every weight) trains to
-    the weights DDP trains to on the same batches, validates with decoding, and writes whole
-    checkpoints that evaluate.py loads on one device."""
+    the weights DDP trains to on the same batches, validates with decoding, writes whole
+    checkpoints that evaluate.py loads on one device, and averages its last snapshots as DDP
+    does, then tests the average (`test_ckpt=averaged`; issue 49: Lightning's FSDP1 wrote
+    shard-shaped averages)."""
     common = [*DDP_COMMON, "trainer.val_check_interval=6", "trainer.devices=2"]
+    common += ["callbacks=[default,average]", "callbacks.average.last=2", "test=true"]
+    common += ["test_ckpt=averaged"]
     runs = {}
     for strategy in ("ddp", "fsdp"):
         where = tmp_path / strategy
@@ -488,6 +492,17 @@ def test_fsdp_on_two_cpu_processes_matches_ddp_and_its_checkpoints_load_on_one_d
     wa, wb = _weights(ddp), _weights(fsdp)
     assert {k: v.shape for k, v in wa.items()} == {k: v.shape for k, v in wb.items()}
     _assert_close_weights(ddp, fsdp)
+    averaged = [runs[s] / "checkpoints" / "averaged.ckpt" for s in ("ddp", "fsdp")]
+    assert {k: v.shape for k, v in _weights(averaged[1]).items()} == {
+        k: v.shape for k, v in wa.items()
+    }
+    _assert_close_weights(*averaged)
+    froms = [torch.load(a, weights_only=True)["averaged_from"] for a in averaged]
+    assert froms[0] == froms[1] == ["step 6", "step 12"]
+    assert not list((runs["fsdp"] / "checkpoints").glob(".snapshot-*"))
+    tested = json.loads((runs["fsdp"] / "metrics.json").read_text())
+    assert tested["test_checkpoint"] == str(averaged[1])
+    assert tested["test"]["test/loss"] > 0
     la, lb = csv_metrics(runs["ddp"])["val/loss"], csv_metrics(runs["fsdp"])["val/loss"]
     assert la == pytest.approx(lb, rel=2e-3)
     # its best checkpoint, scored on one device, has the val loss the sharded run logged for it

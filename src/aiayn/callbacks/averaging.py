@@ -2,12 +2,13 @@
 training (the paper averages the last 5 (base) or 20 (big) checkpoints).
 
 Snapshots are files beside the checkpoints, `.snapshot-step<step>.pt` (the model's weights, no
-training state), written by the process of rank 0 alone (it writes the average; under DDP
-every rank holds the same weights); the oldest is deleted as a new one comes, and the rest
-once the average is written. On disk rather than in memory, as fairseq keeps its epoch
-checkpoints: 20 snapshots of the big model would be 17 GB of host memory. A run resumed in
-the same directory takes up the snapshots up to its checkpoint's step and drops later ones,
-so its average is of the same weights as an uninterrupted run's."""
+training state), written by the process of rank 0 alone (it writes the average; under DDP every
+rank holds the same weights, under `trainer=fsdp` every rank sends rank 0 its shards); the
+oldest is deleted as a new one comes, and the rest once the average is written. On disk rather
+than in memory, as fairseq keeps its epoch checkpoints: 20 snapshots of the big model would be
+17 GB of host memory. A run resumed in the same directory takes up the snapshots up to its
+checkpoint's step and drops later ones, so its average is of the same weights as an
+uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from aiayn.inference.averaging import average_state_dicts
 from aiayn.inference.checkpoint import read_checkpoint, save_atomically
+from aiayn.training.sharding import whole_state_dict
 
 SNAPSHOT = re.compile(r"\.snapshot-step(\d+)\.pt")
 
@@ -34,8 +36,6 @@ class AverageCheckpoints(L.Callback):
     `trainer.save_checkpoint(weights_only=True)`, so it carries the hyper-parameters and the
     tokenizer like any checkpoint, plus `averaged_from` (the snapshots' steps).
     """
-
-    needs_whole_weights = True  # reads or keeps every weight on one process: not fsdp
 
     def __init__(
         self,
@@ -51,6 +51,7 @@ class AverageCheckpoints(L.Callback):
         self.dirpath, self.every_n_steps, self.filename = dirpath, every_n_steps, filename
         self.last = last
         self.snapshots: deque[tuple[int, Path]] = deque()  # (step, file), oldest first
+        self._step = -1  # of the last snapshot, on every rank (under fsdp all take part)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Take up this directory's snapshots up to the starting step (a resume: the step is
@@ -74,10 +75,14 @@ class AverageCheckpoints(L.Callback):
 
     def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
-        if not trainer.is_global_zero or (self.snapshots and self.snapshots[-1][0] == step):
+        if step == self._step or (self.snapshots and self.snapshots[-1][0] == step):
+            return
+        self._step = step
+        weights = whole_state_dict(pl_module, trainer.is_global_zero)  # fsdp: collective
+        if not trainer.is_global_zero:
             return
         path = self.path(trainer).with_name(f".snapshot-step{step}.pt")
-        save_atomically({k: v.detach().cpu() for k, v in pl_module.state_dict().items()}, path)
+        save_atomically(weights, path)
         self.snapshots.append((step, path))
         self._forget_beyond(self.last)
 

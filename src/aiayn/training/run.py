@@ -275,6 +275,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             metrics["matmul_peak_gflops"] = measured / 1e9 if measured else None
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
+            if type(trainer.strategy).__name__ == "ModelParallelStrategy":
+                # a test loads weights only: without this, Lightning's ModelParallelStrategy
+                # looks for the fit's optimizer states in the checkpoint (an average has none)
+                trainer.strategy.optimizers = []
             with _peer_death_named(trainer):
                 results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
             metrics["test"] = results[0] if results else {}
@@ -413,7 +417,7 @@ def _check_callbacks(config: TrainConfig) -> None:
             raise ConfigError(
                 f"callbacks.{key} ({target}) reads or keeps the whole weights on one process, "
                 "which trainer=fsdp does not give it yet; drop it (callbacks=default, and "
-                "test_ckpt=best if it was averaged or ema), or train with trainer=ddp"
+                "test_ckpt=best if it was ema), or train with trainer=ddp"
             )
     if config.val_bleu:
         return
