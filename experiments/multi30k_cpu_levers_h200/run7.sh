@@ -39,7 +39,7 @@ score() {  # score <job>: val and test2016 of the averaged checkpoint, alpha 2.0
   for alpha in 2.0 1.5; do for split in val test; do
     [ $((DEADLINE - SECONDS)) -gt 25 ] || return 0
     timeout -k 5 $((DEADLINE - SECONDS)) python3 evaluate.py ckpt_path=$run/checkpoints/averaged.ckpt split=$split tok_bleu=true \
-      device=$DEVICE decode.length_penalty=$alpha hydra.run.dir=$run/eval_${split}_$alpha > $run/eval_${split}_$alpha.log 2>&1
+      device=$DEVICE decode.length_penalty=$alpha hydra.run.dir=$LOGS/eval_j$1_${split}_$alpha > $run/eval_${split}_$alpha.log 2>&1
   done; done
 }
 for i in ${ONLY:-${!JOBS[@]}}; do
@@ -59,7 +59,7 @@ print("job\tupdates\tgreedy_val_last\tval_tok_a2\ttest_tok_a2\tval_tok_a1.5\ttes
 for run in sorted(logs.glob("j*/"), key=lambda p: int(p.name[1:])):
     m = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").exists() else {}
     def tok(split, a):
-        f = run / f"eval_{split}_{a}" / "bleu.json"
+        f = logs / f"eval_{run.name}_{split}_{a}" / "bleu.json"  # beside the run, not in it
         return "%.2f" % json.loads(f.read_text())["bleu_tok"] if f.exists() else "-"
     fit = m.get("fit") or {}
     print(run.name, m.get("updates", "-"), "%.2f" % fit.get("val/bleu", 0), tok("val", "2.0"),

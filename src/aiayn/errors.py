@@ -124,7 +124,7 @@ def replace_text(path: str | os.PathLike, text: str) -> None:
 # the run directories this process created (`aiayn.config.new_run_dir`)
 CLAIMED_RUN_DIRS: list[str] = []
 # what Hydra writes into a run directory before the command does anything
-HYDRA_ONLY = re.compile(r"\.hydra|\w+\.log")
+HYDRA_ONLY = re.compile(r"\.hydra|\w+\.log|\.aiayn\.lock")
 # the jobs of this process's Hydra multirun that failed with an AiaynError: (job, message)
 FAILED_JOBS: list[tuple[str, str]] = []
 FAILED_FILE = "FAILED"  # written into a failed job's directory, with its error

@@ -25,6 +25,7 @@ train() {  # the data root is the peers' Multi30k copy, as text.py export reads 
 decode() {  # beam 4, GNMT length penalty alpha, on the averaged checkpoint the recipe tests
   local role=$1
   [ "$1" = test2016 ] && role=test
+  rm -rf "$PEER_WORK/eval.$1.$2"  # this script's scratch: DECODE_ONLY=1 decodes again
   "$AIAYN_PY" "$REPO/evaluate.py" "ckpt_path=$PEER_WORK/run/checkpoints/averaged.ckpt" \
     "split=$role" decode.length_penalty="$2" "hydra.run.dir=$PEER_WORK/eval.$1.$2" \
     > "evaluate.$1.$2.log" 2>&1

@@ -25,14 +25,14 @@ import datetime
 import json
 import logging
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from aiayn.errors import AiaynError, ConfigError
+from aiayn.errors import ConfigError
+from aiayn.ownership import exit_on_callback_error
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,17 @@ def check_relaunch(directory: Path, config: DictConfig) -> None:
             "an Optuna search resumes through its study's storage "
             "(hydra.sweeper.storage, hydra.sweeper.study_name)"
         )
-    previous = OmegaConf.load(saved)
-    before, now = job_overrides(previous), job_overrides(config)
+    try:
+        previous = OmegaConf.load(saved)
+        before = job_overrides(previous)
+    except Exception as error:  # YAML, OmegaConf or Hydra's override grammar
+        raise ConfigError(
+            f"{KEY}={directory}: its multirun.yaml cannot be read ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}), so this launch cannot be "
+            "checked against the sweep that ran there; restore the file, or start a new "
+            f"sweep without {KEY}"
+        ) from None
+    now = job_overrides(config)
     if before != now:
         changed = [f"{len(before)} jobs -> {len(now)}"] if len(before) != len(now) else []
         changed += [
@@ -130,11 +139,7 @@ class ResumeSweep(Callback):
         directory = OmegaConf.select(config, KEY, default=None)
         if not directory:
             return
-        try:
-            check_relaunch(Path(directory), config)
-        except AiaynError as error:
-            print(f"error: {error}", file=sys.stderr, flush=True)
-            sys.exit(1)
+        exit_on_callback_error(lambda: check_relaunch(Path(directory), config))
         log.info("%s: resuming the sweep in %s", KEY, directory)
 
 

@@ -1,0 +1,168 @@
+"""A run directory belongs to one run, a multirun directory to one sweep.
+
+Every command's Hydra config (conf/hydra/default.yaml) runs `OwnDirectory` before Hydra
+creates its directory or writes `.hydra/` there:
+
+- a directory that already holds a run (its `.hydra/config.yaml`, `checkpoints/` or
+  `metrics.json`), or lies inside one, is refused in one line: a new run would write over
+  that run's checkpoints, metrics and record. The one exception is training resumed in place
+  (`ckpt_path=<run>/checkpoints/<x>.ckpt`), which continues that very run.
+- the process then holds an exclusive lock on the directory (`.aiayn.lock`, `flock`) for the
+  rest of its life, so a second process on a live run (two resumes of one run, two relaunches
+  of one sweep) is refused in one line naming the holder. The kernel drops the lock when its
+  holder ends, crashed or not, so a lock is never stale.
+
+Only the first process of a launch checks and locks: the other ranks of torchrun or srun, and
+the processes Lightning's own launcher starts, join the directory rank 0 claimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from aiayn.errors import AiaynError, ConfigError
+from aiayn.launchers import external_launch
+
+log = logging.getLogger(__name__)
+
+LOCK = ".aiayn.lock"
+_HELD: dict[str, int] = {}  # lock path -> descriptor, open (and locked) until the process ends
+
+
+def holds_run(directory: Path) -> Path | None:
+    """The run `directory` holds or lies inside (a directory with `.hydra/config.yaml`,
+    `checkpoints/` or `metrics.json`), else None."""
+    directory = directory.resolve()
+    if any((directory / name).exists() for name in ("checkpoints", "metrics.json")):
+        return directory
+    return _run_around(directory)
+
+
+def _run_around(directory: Path) -> Path | None:
+    """`directory` or its nearest parent with a run's record (`.hydra/config.yaml`)."""
+    directory = directory.resolve()
+    return next((d for d in (directory, *directory.parents) if _has_record(d)), None)
+
+
+def _has_record(directory: Path) -> bool:
+    return (directory / ".hydra" / "config.yaml").is_file()
+
+
+def lock(directory: Path, what: str) -> None:
+    """Hold `directory`'s lock for the rest of this process, else `ConfigError` naming the
+    process that holds it. `what`: "run" or "sweep", for the message."""
+    path = directory / LOCK
+    key = str(path.resolve())
+    if key in _HELD:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        holder = Path(path).read_text(errors="replace").strip() or "another process"
+        os.close(descriptor)
+        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # a file system without locks
+            log.warning("cannot lock %s (%s): a second process is not refused", path, error)
+            return
+        raise ConfigError(
+            f"{directory} is in use by {holder}; wait for that process to end (or stop it) "
+            f"before starting another on this {what}"
+        ) from None
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()} since {started}\n".encode())
+    _HELD[key] = descriptor
+
+
+def _first_process() -> bool:
+    """Whether this process claims (checks, locks) the directory of its launch."""
+    launch = external_launch()
+    if launch is not None:
+        return launch.rank == 0
+    return os.environ.get("LOCAL_RANK", "0") == "0"  # Lightning's launcher sets its children's
+
+
+def check_run_dir(config: DictConfig) -> Path:
+    """`hydra.run.dir` of `config`, refused where it holds another run (see the module)."""
+    directory = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+    run = holds_run(directory)
+    if run is None or _resumes(config, run):
+        return directory
+    hint = "leave hydra.run.dir out (each run gets a new directory) or choose a new one"
+    if _has_record(run) and OmegaConf.select(config, "train", default=None) is not None:
+        last = run / "checkpoints" / "last.ckpt"
+        hint = f"continue it with ckpt_path={last}, or {hint}" if last.is_file() else hint
+    inside = "" if run == directory.resolve() else f" (inside the run {run})"
+    raise ConfigError(
+        f"hydra.run.dir={directory} holds a run already{inside}: a new run there would "
+        f"write over its checkpoints and records; {hint}"
+    )
+
+
+def check_sweep_dir(config: DictConfig) -> Path:
+    """`hydra.sweep.dir` of `config`, refused where it holds a sweep already and this launch
+    does not relaunch it (`resume_sweep`), or lies inside a run."""
+    directory = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+    relaunch = OmegaConf.select(config, "resume_sweep", default=None)
+    if (directory / "multirun.yaml").is_file() and not relaunch:
+        raise ConfigError(
+            f"hydra.sweep.dir={directory} holds a sweep already: its jobs would be written "
+            f"over; relaunch that sweep with resume_sweep={directory} (the same overrides), "
+            "or leave hydra.sweep.dir out for a new one"
+        )
+    run = _run_around(directory)
+    if run is not None:
+        raise ConfigError(
+            f"hydra.sweep.dir={directory} lies inside the run {run}: choose a directory of "
+            "its own, or leave hydra.sweep.dir out"
+        )
+    return directory
+
+
+def _resumes(config: DictConfig, run: Path) -> bool:
+    """Training resumed in place: `ckpt_path` is a checkpoint of `run` itself."""
+    ckpt = OmegaConf.select(config, "ckpt_path", default=None)
+    if not ckpt or not OmegaConf.select(config, "train", default=False):
+        return False
+    path = Path(str(ckpt)).resolve()
+    return path.parent.name == "checkpoints" and path.parent.parent == run
+
+
+class OwnDirectory(Callback):
+    """Hydra callback (conf/hydra/default.yaml): the run or multirun directory is this
+    command's alone (module docstring); an error is one line and exit status 1."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if OmegaConf.select(config, "hydra.output_subdir") is None or not _first_process():
+            return  # a process of a launch whose first process claims the directory
+        exit_on_callback_error(lambda: lock(check_run_dir(config), "run"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not _first_process():
+            return
+        exit_on_callback_error(lambda: lock(check_sweep_dir(config), "sweep"))
+
+
+def exit_on_callback_error(check: Any) -> None:
+    """Hydra turns a callback's exception into a warning and goes on: print the one line and
+    stop here instead."""
+    try:
+        check()
+    except AiaynError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+        sys.exit(1)
