@@ -60,6 +60,11 @@ class DistributedError(AiaynError):
     quiet = False
 
 
+class OutputError(AiaynError):
+    """An output that would overwrite an input or a file the command does not own
+    (`aiayn.outputs.check_output`)."""
+
+
 class StorageError(AiaynError):
     """A file could not be written: the disk (or the user's quota) is full."""
 

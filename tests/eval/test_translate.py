@@ -16,7 +16,7 @@ import torch
 from aiayn.data.config import TokenizerConfig
 from aiayn.data.dataset import collate_sources
 from aiayn.data.tokenizer import Tokenizers, train_tokenizer
-from aiayn.errors import CheckpointError, ConfigError, TranslationError
+from aiayn.errors import CheckpointError, ConfigError, OutputError, TranslationError
 from aiayn.inference import decode_config, load_checkpoint
 from aiayn.inference.translate import run
 from aiayn.model import DecodeConfig, generate
@@ -194,13 +194,13 @@ def test_input_and_output_the_same_file_is_refused(ckpt, sources, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text(sources[0] + "\n")
     overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={src}", "device=cpu"]
-    with pytest.raises(TranslationError, match="same file"):
+    with pytest.raises(OutputError, match="same file"):
         run(compose_config("translate", overrides, tmp_path))
     assert src.read_text() == sources[0] + "\n"
     linked = tmp_path / "hardlink.txt"  # another name for the same file
     linked.hardlink_to(src)
     overrides = [f"ckpt_path={ckpt}", f"input={src}", f"output={linked}", "device=cpu"]
-    with pytest.raises(TranslationError, match="same file"):
+    with pytest.raises(OutputError, match="same file"):
         run(compose_config("translate", overrides, tmp_path))
     assert src.read_text() == sources[0] + "\n"
 

@@ -21,8 +21,9 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
+from aiayn.errors import CheckpointError
 from aiayn.inference.averaging import average_state_dicts
-from aiayn.inference.checkpoint import read_checkpoint, save_atomically
+from aiayn.inference.checkpoint import load_tensors, read_checkpoint, save_atomically
 from aiayn.training.sharding import whole_state_dict
 
 SNAPSHOT = re.compile(r"\.snapshot-step(\d+)\.pt")
@@ -108,7 +109,7 @@ class AverageCheckpoints(L.Callback):
         if not trainer.is_global_zero:
             return
         checkpoint = read_checkpoint(final)
-        states = (torch.load(p, map_location="cpu", weights_only=True) for _, p in self.snapshots)
+        states = (_snapshot_state(p) for _, p in self.snapshots)
         checkpoint["state_dict"] = average_state_dicts(states)  # one snapshot read at a time
         checkpoint["averaged_from"] = [f"step {step}" for step, _ in self.snapshots]
         save_atomically(checkpoint, path)  # marked, so that `--last N` never counts it
@@ -121,3 +122,12 @@ class AverageCheckpoints(L.Callback):
         `<default_root_dir>/checkpoints`."""
         directory = self.dirpath or getattr(trainer.checkpoint_callback, "dirpath", None)
         return Path(directory or Path(trainer.default_root_dir) / "checkpoints") / self.filename
+
+
+def _snapshot_state(path: Path) -> dict[str, Any]:
+    """The weights of a snapshot (a state dict), or one CheckpointError naming the file."""
+    hint = "delete it (and the other .snapshot-step*.pt) and train again"
+    state = load_tensors(path, hint)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path} is not a snapshot of weights (a state dict); {hint}")
+    return state

@@ -12,28 +12,22 @@ validation with `callbacks.model_checkpoint.save_top_k=-1
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from aiayn.errors import AiaynError, AveragingError, exit_on_error
 from aiayn.inference.averaging import average_checkpoints, last_checkpoints
 from aiayn.inference.checkpoint import read_checkpoint, save_atomically
+from aiayn.outputs import check_output as check_output_file
 
 
 def check_output(output: Path, inputs: list[Path]) -> None:
     """Refuse to overwrite a checkpoint the averaging did not write: one of its inputs, any
-    checkpoint of a run directory (`<run>/checkpoints/`), or any other file but an earlier
-    average; a new file, or an earlier average elsewhere, is fine."""
+    record of a run directory (`<run>/checkpoints/`), a link, or any other file but an
+    earlier average (`aiayn.outputs.check_output`); a new file, or an earlier average
+    elsewhere, is fine."""
+    check_output_file(output, "-o", {"one of the checkpoints to average": inputs}, True)
     if not output.exists():
         return
-    if output.is_dir():
-        raise AveragingError(f"-o {output} is a directory: name the .ckpt file to write")
-    if any(p.exists() and os.path.samefile(p, output) for p in inputs):
-        raise AveragingError(f"-o {output} is one of the checkpoints to average: name a new file")
-    if output.parent.name == "checkpoints" and (output.parent.parent / ".hydra").is_dir():
-        raise AveragingError(
-            f"-o {output} is a checkpoint of the run {output.parent.parent}: name a new file"
-        )
     try:
         earlier = "averaged_from" in read_checkpoint(output)
     except AiaynError:
@@ -53,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--output", required=True, help="the averaged .ckpt to write")
     args = parser.parse_args(argv)
     if args.last is not None:
+        if args.last < 1:
+            raise AveragingError(
+                f"--last must be at least 1 (the number of newest checkpoints), got {args.last}"
+            )
         if len(args.inputs) != 1 or not Path(args.inputs[0]).is_dir():
             raise AveragingError("--last N takes one directory of checkpoints")
         paths = last_checkpoints(args.inputs[0], args.last)

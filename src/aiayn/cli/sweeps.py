@@ -18,6 +18,7 @@ import yaml
 
 from aiayn.cli import table3
 from aiayn.errors import AiaynError, exit_on_error
+from aiayn.outputs import check_output
 
 COLUMNS = (
     "job",
@@ -74,6 +75,8 @@ def _fmt(value: Any) -> str:
 def write_tables(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
     """sweep.md (Markdown table) and sweep.csv (raw values) in out_dir."""
     md = out_dir / "sweep.md"
+    for path in (md, out_dir / "sweep.csv", out_dir / "sweep.png"):
+        check_output(path, "multirun_dir's report")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows]
     md.write_text("\n".join(lines) + "\n")

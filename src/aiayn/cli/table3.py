@@ -42,6 +42,7 @@ import yaml
 
 from aiayn.cli.curves import validation_curve
 from aiayn.errors import AiaynError
+from aiayn.outputs import check_output
 
 # Table 3 of the paper (dev set newstest2013): row -> (PPL, BLEU). Our conf/ablation/ rows are
 # matched to the paper's by what they change relative to the base (d_k for the heads rows:
@@ -258,6 +259,8 @@ def _fmt(value: Any, column: str) -> str:
 def write(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """table3.md, table3.csv and table3.png (our Δ BLEU beside the paper's per row)."""
     md = out_dir / "table3.md"
+    for name in ("table3.md", "table3.csv", "table3.png", "table3_curves.png"):
+        check_output(out_dir / name, "the report")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(r.get(c), c) for c in COLUMNS) + " |" for r in rows]
     base = next((r for r in rows if r["row"] == "base"), {})

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -34,14 +33,11 @@ from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError, writing
 from aiayn.model import Model, ModelConfig, Transformer
 from aiayn.model.attention import SharedHeadProjection
+from aiayn.outputs import EXPORT_FILES
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 METADATA = "aiayn.json"
 MODEL_FILE = "model.bin"
-# what an export directory holds: CTranslate2's model and vocabularies, the tokenizer(s), ours
-EXPORT_FILES = re.compile(
-    r"(model\.bin|config\.json|\w*vocabulary\.(json|txt)|tokenizer[.\w]*\.json|aiayn\.json)$"
-)
 FORMAT_VERSION = 1
 
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from aiayn.data.dataset import collate_sources
 from aiayn.data.special import EOS_TOKEN
 from aiayn.inference.translator import Translator
+from aiayn.outputs import check_output
 
 KINDS = ("encoder_self", "decoder_self", "decoder_cross")
 
@@ -107,6 +108,7 @@ def save_pngs(example: AttentionExample, output_dir: str | Path) -> list[Path]:
     paths = []
     for name, fig in figures(example).items():
         path = directory / f"{name}.png"
+        check_output(path, "output_dir's heatmap")
         fig.savefig(path, dpi=100)
         paths.append(path)
     return paths

@@ -36,24 +36,33 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path} not found: give ckpt_path=<run dir>/checkpoints/best.ckpt"
         )
+    hint = "give ckpt_path=<run dir>/checkpoints/best.ckpt"
+    checkpoint = load_tensors(
+        path, hint, "is it a checkpoint written by `python train.py` (or aiayn.averaging)?"
+    )
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is not an aiayn checkpoint (no state_dict)")
+    return checkpoint
+
+
+def load_tensors(path: Path, hint: str, question: str | None = None) -> Any:
+    """`torch.load(path, weights_only=True)` on the CPU (memory-mapped), or one
+    CheckpointError naming the file, what is wrong, and `hint` (what to do): for a file that
+    is not torch's zip archive, or one `weights_only` refuses (a pickle that would run code)."""
     with open(path, "rb") as file:
         head = file.read(4)
     if head != b"PK\x03\x04":  # torch.save writes a zip archive (since torch 1.6)
         raise CheckpointError(
             f"{path} is not a checkpoint (not the zip archive torch.save writes: it starts with "
-            f"{head!r}); give ckpt_path=<run dir>/checkpoints/best.ckpt"
+            f"{head!r}); {hint}"
         )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises many types for foreign or broken files
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise CheckpointError(
-            f"cannot read checkpoint {path} ({type(error).__name__}: {first}); is it a "
-            "checkpoint written by `python train.py` (or aiayn.averaging)?"
+            f"cannot read checkpoint {path} ({type(error).__name__}: {first}); {question or hint}"
         ) from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise CheckpointError(f"{path} is not an aiayn checkpoint (no state_dict)")
-    return checkpoint
 
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:

@@ -35,6 +35,7 @@ from aiayn.inference.config import EvalConfig
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.scoring import score_pairs
 from aiayn.inference.translator import Translator
+from aiayn.outputs import check_output
 from aiayn.schema import to_schema
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ def score(
 def run(cfg: DictConfig | dict) -> dict[str, Any]:
     """What `python evaluate.py` does; returns what it writes to `<output_dir>/bleu.json`."""
     config = to_schema(cfg, EvalConfig)
+    inputs = {"ckpt_path": config.ckpt_path, "a file of ct2_path": config.ct2_path}
+    for name in (f"hypotheses.{config.split}.txt", "bleu.json"):
+        check_output(Path(config.paths.output_dir) / name, "paths.output_dir's", inputs)
     translator = load_translator(
         config.ckpt_path,
         config.device,

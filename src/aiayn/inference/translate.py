@@ -19,8 +19,6 @@ output starts with the lowercased prefix.
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -34,6 +32,7 @@ from aiayn.errors import TranslationError, writing
 from aiayn.inference.config import TranslateConfig
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.translator import LongLineError, Translator
+from aiayn.outputs import check_output
 from aiayn.schema import to_schema
 
 log = logging.getLogger(__name__)
@@ -166,33 +165,17 @@ def _count_lines(path: str) -> int | None:
     return count + (last != b"\n")  # a last line without its newline
 
 
-def _identity(name: str, fd: int) -> tuple[int, int] | None:
-    """(device, inode) of the file `name`, or of the file behind standard stream `fd` for
-    '-'; None for what is not a regular file (a terminal, a pipe) or does not exist."""
-    try:
-        status = os.fstat(fd) if name == "-" else os.stat(name)
-    except OSError:
-        return None
-    return (status.st_dev, status.st_ino) if stat.S_ISREG(status.st_mode) else None
-
-
-def _same_file(source: str, target: str) -> bool:
-    """Whether writing `target` would overwrite `source`: the same path, a symlink or hard
-    link to it, or standard input and output redirected from and to one file."""
-    if "-" not in (source, target) and Path(source).resolve() == Path(target).resolve():
-        return True
-    ids = _identity(source, 0), _identity(target, 1)
-    return ids[0] is not None and ids[0] == ids[1]
+def _inputs(config: TranslateConfig) -> dict[str, Any]:
+    """Every file translate reads, by its key: what `output` must not be."""
+    inputs = {"input": config.input, "prefix_file": config.prefix_file}
+    inputs |= {"tokenizer": config.tokenizer, "ckpt_path": config.ckpt_path}
+    return inputs | {"a file of ct2_path": config.ct2_path}
 
 
 def run(cfg: DictConfig | dict) -> int:
     """What `python translate.py` does; returns the number of lines translated."""
     config = to_schema(cfg, TranslateConfig)
-    if _same_file(config.input, config.output):
-        raise TranslationError(
-            f"input {config.input} and output {config.output} are the same file (a path, link "
-            "or hard link to it): writing would truncate the input; choose another output"
-        )
+    check_output(config.output, "output", _inputs(config))
     loaded = load_translator(
         config.ckpt_path,
         config.device,
