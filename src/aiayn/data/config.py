@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
-from typing import Dict, Optional  # noqa: UP035 (OmegaConf structured configs)
+from typing import Any, Dict, Optional  # noqa: UP035 (OmegaConf structured configs)
 
 from aiayn.data.checks import ROLES, positive_int
 from aiayn.data.sources import get_source
@@ -119,7 +119,8 @@ class DataConfig:
     hf_name: Optional[str] = None  # noqa: UP045
     hf_config: Optional[str] = None  # noqa: UP045
     hf_revision: Optional[str] = None  # noqa: UP045
-    hf_data_files: Optional[Dict[str, str]] = None  # noqa: UP006, UP045
+    # Any: OmegaConf cannot merge a mapping given on the command line into a None Dict node
+    hf_data_files: Any = None
     download_url: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
@@ -147,8 +148,8 @@ class DataConfig:
             )
             if value != current and not untouched:
                 raise ValueError(
-                    f"DataConfig.{old}={value!r} (deprecated) and DataConfig.{new}={current!r} "
-                    f"disagree: drop data.{old}"
+                    f"data.{old}={value!r} (deprecated) and data.{new}={current!r} disagree: "
+                    f"give data.{new}={value!r} instead of data.{old}"
                 )
             if value != current:
                 log.warning("data.%s is deprecated: use data.%s (applied: %r)", old, new, value)

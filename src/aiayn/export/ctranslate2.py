@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import struct
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -190,6 +191,49 @@ def vocabulary(tokenizers: Tokenizers, side: str) -> list[str]:
     return [by_id[i] for i in range(size)]
 
 
+# CTranslate2's variable types, by the id its model.bin stores (ctranslate2.specs.model_spec)
+SCALAR_TYPES = {0: "f", 1: "b", 2: "h", 3: "i"}
+
+
+def model_variables(path: Path) -> dict[str, tuple[int, ...] | float]:
+    """The variables of a CTranslate2 `model.bin`, read from its header without loading the
+    weights: name -> shape (a tuple), or the value of a scalar (`encoder/num_heads`); an alias
+    maps to what it names. CheckpointError for a file that is not one."""
+    variables: dict[str, tuple[int, ...] | float] = {}
+    try:
+        with open(path, "rb") as file:
+
+            def number(fmt: str) -> Any:
+                return struct.unpack(fmt, file.read(struct.calcsize(fmt)))[0]
+
+            def string() -> str:
+                return file.read(number("H"))[:-1].decode("utf-8")
+
+            number("I"), string(), number("I")  # binary version, spec name, revision
+            for _ in range(number("I")):
+                name, rank = string(), number("B")
+                shape = tuple(number("I") for _ in range(rank))
+                kind, size = number("B"), number("I")
+                if (
+                    not shape
+                    and kind in SCALAR_TYPES
+                    and size == struct.calcsize(SCALAR_TYPES[kind])
+                ):
+                    variables[name] = number(SCALAR_TYPES[kind])
+                else:
+                    variables[name] = shape
+                    file.seek(size, 1)
+            for _ in range(number("I")):
+                alias, name = string(), string()
+                variables[alias] = variables[name]
+    except (struct.error, UnicodeDecodeError, KeyError, OSError) as error:
+        raise CheckpointError(
+            f"{path} is not a CTranslate2 model ({type(error).__name__}: {error}); export the "
+            "checkpoint again"
+        ) from None
+    return variables
+
+
 def file_digest(path: Path) -> str:
     """SHA-256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
@@ -207,13 +251,35 @@ def export(
 ) -> Path:
     """Convert the checkpoint to a CTranslate2 directory at `output_dir` (written beside it
     and renamed into place, so a failed conversion leaves nothing half-written)."""
-    from aiayn.inference.checkpoint import load_checkpoint, run_data_config
-
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     ctranslate2_module()
     ckpt_path, output_dir = Path(ckpt_path), Path(output_dir)
     check_replaceable(output_dir, force)
+    return _convert(ckpt_path, output_dir, quantization)
+
+
+def _move_aside(directory: Path) -> None:
+    """Remove `directory` by renaming it to a private name first (atomic: a reader sees it
+    whole or not at all), then deleting that; nothing if another process moved it first."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+    try:
+        directory.rename(aside / directory.name)
+    except FileNotFoundError:
+        pass
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _convert(
+    ckpt_path: Path, output_dir: Path, quantization: str, digest: str | None = None
+) -> Path:
+    """Write the export into a private directory beside `output_dir`, then put it in place of
+    what is there (moved aside only then, so a failed conversion keeps it). `digest`: the
+    checkpoint's SHA-256 where `output_dir` is its conversion cache, which another process
+    may have written meanwhile: its conversion is then used, and this one dropped."""
+    from aiayn.inference.checkpoint import load_checkpoint, run_data_config
+
     translator = load_checkpoint(ckpt_path, device="cpu")
     tokenizers = translator.tokenizers
     vocabularies = vocabulary(tokenizers, "src"), vocabulary(tokenizers, "tgt")
@@ -241,9 +307,19 @@ def export(
             translator.tokenizers.save(staging)
             text = json.dumps(metadata, indent=2) + "\n"
             (staging / METADATA).write_text(text, encoding="utf-8")
+        if digest is not None and _converts(output_dir, digest):
+            return output_dir
         if output_dir.exists():
-            shutil.rmtree(output_dir)
-        staging.rename(output_dir)
+            _move_aside(output_dir)
+        try:
+            staging.rename(output_dir)
+        except OSError:  # ENOTEMPTY or EEXIST: another process's directory came first
+            if digest is not None and _converts(output_dir, digest):
+                return output_dir
+            raise ConfigError(
+                f"{output_dir} was written by another process meanwhile; nothing of this "
+                "conversion was kept: run again"
+            ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir
@@ -296,14 +372,18 @@ def cached_export(ckpt_path: str | Path) -> Path:
             f"{cache}, where the CTranslate2 conversion of {ckpt_path.name} is kept, is taken "
             "by something else: move it away, or give ct2_path=<an exported directory>"
         )
-    if cache.is_dir():
-        try:
-            stored = read_metadata(cache).get("checkpoint_sha256")
-        except CheckpointError:
-            stored = None
-        if stored == file_digest(ckpt_path):
-            return cache
-    return export(ckpt_path, cache, force=True)
+    digest = file_digest(ckpt_path)
+    if _converts(cache, digest):
+        return cache
+    return _convert(ckpt_path, cache, "float32", digest)
+
+
+def _converts(cache: Path, digest: str) -> bool:
+    """Whether `cache` is a whole conversion of the checkpoint whose SHA-256 is `digest`."""
+    try:
+        return cache.is_dir() and read_metadata(cache).get("checkpoint_sha256") == digest
+    except CheckpointError:
+        return False
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:

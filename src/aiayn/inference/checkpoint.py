@@ -141,7 +141,28 @@ def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda if available, else cpu; anything else as torch spells it."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"device={device!r} is not a device: use cpu, cuda, cuda:<n> or auto"
+        ) from None
+    if resolved.type == "cuda":
+        check_cuda(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return resolved
+
+
+def check_cuda(device: str, count: int) -> None:
+    """ConfigError naming `device` ('cuda' or 'cuda:<n>') where this machine has `count`
+    CUDA devices, fewer than it needs."""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index < count:
+        return
+    have = f"only {count} CUDA device(s)" if count else "no CUDA device"
+    raise ConfigError(
+        f"device={device!r}, but this machine has {have} (a CPU-only PyTorch, or no GPU "
+        "visible): use device=cpu, or device=auto to take a GPU where there is one"
+    )
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

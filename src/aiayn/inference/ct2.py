@@ -29,9 +29,11 @@ from aiayn.export.ctranslate2 import (
     MODEL_FILE,
     ctranslate2_module,
     file_digest,
+    model_variables,
     read_metadata,
     vocabulary,
 )
+from aiayn.inference.checkpoint import check_cuda
 from aiayn.inference.translator import Translator, decode_config
 from aiayn.model import DecodeConfig, Hypothesis, ModelConfig
 from aiayn.model.generate import max_output_lengths
@@ -97,7 +99,11 @@ class CT2Translator(Translator):
         if engine is None:
             check_model_file(self.directory, metadata)
         self.tokenizers = Tokenizers.load(directory)
+        if engine is None:
+            check_export(self.directory, self.config, self.tokenizers)
         ct2_device = _device(device)
+        if engine is None and ct2_device == "cuda":
+            check_cuda(ct2_device, ctranslate2.get_cuda_device_count())
         if ct2_device == "auto":
             ct2_device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
         self.inter_threads, self.intra_threads = thread_split(
@@ -216,6 +222,69 @@ def check_model_file(directory: Path, metadata: dict[str, Any]) -> None:
             f"{model} is not the model {METADATA} describes (its SHA-256 differs: another "
             "export's?); export the checkpoint again"
         )
+
+
+def check_export(directory: Path, config: ModelConfig, tokenizers: Tokenizers) -> None:
+    """Without a digest too: the shapes in `model.bin` are those `aiayn.json`'s model settings
+    give, its vocabulary sizes are the tokenizer's, and CTranslate2's vocabulary files list the
+    tokenizer's tokens; CheckpointError naming what differs."""
+    variables = model_variables(directory / MODEL_FILE)
+    source, target = vocabulary(tokenizers, "src"), vocabulary(tokenizers, "tgt")
+
+    def shape(name: str, axis: int) -> Any:
+        value = variables.get(name)
+        return value[axis] if isinstance(value, tuple) and len(value) > axis else None
+
+    def layers(side: str) -> int:
+        return len({n.split("/")[1] for n in variables if n.startswith(f"{side}/layer_")})
+
+    found = {  # what aiayn.json says -> what model.bin holds
+        "src_vocab_size": shape("encoder/embeddings_0/weight", 0),
+        "tgt_vocab_size": shape("decoder/projection/weight", 0),
+        "d_model": shape("decoder/embeddings/weight", 1),
+        "d_ff": shape("encoder/layer_0/ffn/linear_0/weight", 0),
+        "num_encoder_layers": layers("encoder"),
+        "num_decoder_layers": layers("decoder"),
+        "num_heads": variables.get("encoder/num_heads"),
+        "max_positions": shape("decoder/position_encodings/encodings", 0),
+    }
+    for key, held in found.items():
+        expected = getattr(config, key)
+        if held is not None and held != expected:
+            raise CheckpointError(
+                f"{directory / MODEL_FILE} does not fit {METADATA}: it holds {key} {held}, "
+                f"{METADATA} says {expected} (another export's model?); export the checkpoint "
+                "again"
+            )
+    for side, tokens, key in (("source", source, "src"), ("target", target, "tgt")):
+        size = getattr(config, f"{key}_vocab_size")
+        if len(tokens) != size:
+            raise CheckpointError(
+                f"{directory}: the {side} tokenizer has {len(tokens)} tokens but the model "
+                f"{size} (another export's tokenizer?); export the checkpoint again"
+            )
+        written = _vocabulary_file(directory, side)
+        if written is not None and written != tokens:
+            raise CheckpointError(
+                f"{directory}: the {side} tokenizer's tokens are not the vocabulary model.bin "
+                "was exported with (another export's tokenizer?); export the checkpoint again"
+            )
+
+
+def _vocabulary_file(directory: Path, side: str) -> list[str] | None:
+    """The tokens CTranslate2 saved for `side` ('source' or 'target'), or None if absent."""
+    import json
+
+    for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
+        path = directory / name
+        if path.is_file():
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                raise CheckpointError(
+                    f"{path} is not valid JSON; export the checkpoint again"
+                ) from None
+    return None
 
 
 def _library_error(error: RuntimeError, device: str) -> Exception:

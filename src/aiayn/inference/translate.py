@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from omegaconf import DictConfig
 
 from aiayn.console import Advance, progress
+from aiayn.data.sources.text import bounded_lines
 from aiayn.errors import TranslationError, writing
 from aiayn.inference.config import TranslateConfig
 from aiayn.inference.ct2 import load_translator
@@ -208,7 +209,7 @@ def run(cfg: DictConfig | dict) -> int:
         batch_size = 1 if src.isatty() else config.batch_size  # answer each typed line
         count = translate_stream(
             translator,
-            src,
+            src if src.isatty() else bounded_lines(src),
             out,
             batch_size,
             source,

@@ -20,11 +20,12 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 
 from aiayn.data.sources.base import FileSource
 from aiayn.data.sources.text import file_fingerprint
@@ -44,7 +45,8 @@ class Multi30kConfig:
 
 RELEASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 DOWNLOAD_DIR = "multi30k-task1"
-TIMEOUT_S = 60
+TIMEOUT_S = 60  # per read: a mirror silent this long is given up
+DEADLINE_S = 900  # per file, in all: a mirror that trickles bytes is given up too
 CHUNK = 1 << 20
 
 # Local split name -> the release's file name (`<name>.<lang>.gz` under the release URL).
@@ -212,7 +214,7 @@ class Multi30kSource(FileSource):
                 with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
                     declared = response.headers.get("Content-Length")
                     with archive.open("wb") as out:
-                        shutil.copyfileobj(response, out, CHUNK)
+                        _copy_before_deadline(response, out, url)
             except (OSError, http.client.HTTPException) as error:  # URLError, timeouts
                 raise DataError(self._offline_message(error, missing)) from error
             size = archive.stat().st_size
@@ -258,3 +260,17 @@ class Multi30kSource(FileSource):
             f"holding {{split}}.{{lang}} files (e.g. train.en, train.de, val.en, val.de, "
             f"test2016.en, test2016.de)"
         )
+
+
+def _copy_before_deadline(response: http.client.HTTPResponse, out: BinaryIO, url: str) -> None:
+    """Copy the body of `response` into `out`, each read returning what has arrived (at most
+    `CHUNK` bytes), and stop with a DataError once `DEADLINE_S` have passed in all."""
+    deadline = time.monotonic() + DEADLINE_S
+    while block := response.read1(CHUNK):
+        out.write(block)
+        if time.monotonic() > deadline:
+            raise DataError(
+                f"downloading {url} timed out: not done after {DEADLINE_S} s in all (a slow or "
+                "stalled mirror); nothing was kept. Run again, or download the files by hand "
+                "(see data.root)"
+            )

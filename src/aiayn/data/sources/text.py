@@ -15,10 +15,14 @@ import json
 from collections.abc import Iterable, Iterator
 from itertools import zip_longest
 from pathlib import Path
+from typing import BinaryIO
 
 from aiayn.errors import DataError
 
 CONTENT_BYTES = 64 << 20  # files up to this size are keyed by their content
+# a longer line is cut here as it is read (far more tokens than any max_len), so one huge
+# line is never held whole: training then drops it by its length, val/test truncate it
+MAX_LINE_BYTES = 1 << 20
 
 
 def file_fingerprint(path: Path) -> list[object]:
@@ -49,7 +53,7 @@ def iter_lines(path: Path) -> Iterator[str]:
     if not path.is_file():
         raise DataError(f"input file {path} not found: check the data config's paths")
     with path.open("rb") as file:
-        for number, raw in enumerate(file, start=1):
+        for number, raw in enumerate(bounded_lines(file), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
@@ -58,6 +62,23 @@ def iter_lines(path: Path) -> Iterator[str]:
                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from error
             yield line.removesuffix("\n").removesuffix("\r")
+
+
+def bounded_lines(file: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary `file` (each with its newline, as iterating it gives), a line
+    longer than `limit` bytes cut to its first `limit` bytes (at a UTF-8 character boundary,
+    then a newline) while the rest is read and dropped in blocks: memory stays bounded."""
+    while raw := file.readline(limit + 1):
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while (rest := file.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+            raw = raw[:limit]
+            while raw and raw[-1] & 0xC0 == 0x80:  # a character cut in its continuation
+                raw = raw[:-1]
+            if raw and raw[-1] >= 0xC0:  # ... or after its lead byte
+                raw = raw[:-1]
+            raw += b"\n"
+        yield raw
 
 
 def columns(pairs: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
