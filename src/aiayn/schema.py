@@ -44,6 +44,21 @@ class DecodeOverrides:
     seed: Optional[int] = None  # noqa: UP045
     prefix: Optional[str] = None  # noqa: UP045
 
+    def check(self, key: str = "decode") -> None:
+        """Each given key in its range now, before any work (ConfigError naming it as
+        `key.<name>`): checked on a `DecodeConfig` the given keys complete without
+        contradicting (the keys kept from elsewhere are checked with them when applied)."""
+        from aiayn.model.generate import DecodeConfig
+
+        given = self.given()
+        nbest = given.get("nbest", 1)
+        probe = {"strategy": "beam" if nbest != 1 else "greedy", "nbest": nbest}
+        probe["beam_size"] = max(nbest, 1) if isinstance(nbest, int) else 1
+        try:
+            DecodeConfig(**{**probe, **given})
+        except ValueError as error:
+            raise ConfigError(str(error).replace("DecodeConfig.", f"{key}.")) from None
+
     def given(self) -> dict[str, Any]:
         """The keys that were set."""
         return {k: v for k, v in asdict(self).items() if v is not None}

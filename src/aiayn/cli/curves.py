@@ -82,9 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         if not curves[run_dir.name]:
             raise AiaynError(f"{run_dir}: no validation rows in csv/metrics.csv")
     output = args.output or args.run_dir[0] / "curves.png"
-    check_output(
-        output, "-o", {"the metrics of": [d / "csv" / "metrics.csv" for d in args.run_dir]}
-    )
+    check_output(output, "-o", {"a run's": [d / "csv" / "metrics.csv" for d in args.run_dir]})
     plot(curves, output, args.title or " vs ".join(curves))
     for label, curve in curves.items():
         print(f"{label}\n| step | minutes | val/loss | val/bleu |\n|---:|---:|---:|---:|")

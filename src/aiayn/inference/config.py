@@ -60,6 +60,7 @@ class DecodingJobConfig:
                 f"ct2_compute_type must be one of {COMPUTE_TYPES}, got {self.ct2_compute_type!r}"
             )
         check_threads(self.ct2_inter_threads, self.ct2_intra_threads)
+        self.decode.check()
         if self.batch_size <= 0:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size}")
         if self.on_long not in ON_LONG:
@@ -120,3 +121,4 @@ class VisualizeConfig:
             raise ConfigError(
                 'ckpt_path and sentence are required: ckpt_path=<ckpt> sentence="..."'
             )
+        self.decode.check()

@@ -1,0 +1,614 @@
+"""The catalogue, part three: every output against every input and every file a run or an
+export owns; every argument in its range; exports checked without a digest; bounded time and
+memory. Each case runs in-process through the command's own code path and checks the error's
+words (naming the argument or file and what to do) and every file's bytes before and after."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.errors import AiaynError, CheckpointError, ConfigError, OutputError
+from tests.helpers import compose_config
+from tests.reliability.test_user_files import exported, fingerprint, run_copy
+
+__all__ = ["exported", "run_copy"]  # fixtures shared with part two
+
+
+def _state(*roots: Path) -> dict[str, dict[str, str]]:
+    """Every file under each root (what 'intact' compares)."""
+    return {str(root): fingerprint(root) for root in roots}
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], exit: pytest.ExceptionInfo) -> str:
+    assert exit.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err
+    return err
+
+
+# ------------------------------------------------------- translate: what output= must not be
+
+
+def _user_files(tmp_path: Path, run: Path) -> dict[str, Path]:
+    """A user's input, prefix file, tokenizer, a hard-linked file and links of each kind."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "in.txt").write_text("a b\nc d\n")
+    (files / "prefixes.txt").write_text("x\n\n")
+    (files / "notes.txt").write_text("a user's notes\n")
+    (files / "notes-link.txt").hardlink_to(files / "notes.txt")
+    ckpt = run / "checkpoints" / "last.ckpt"
+    (files / "ckpt-hardlink.ckpt").hardlink_to(ckpt)
+    (files / "in-hardlink.txt").hardlink_to(files / "in.txt")
+    (files / "to-ckpt").symlink_to(ckpt)
+    (files / "chain-1").symlink_to(files / "to-ckpt")
+    (files / "chain-2").symlink_to(files / "chain-1")
+    (files / "dangling").symlink_to(files / "nowhere.txt")
+    (files / "linked-dir").symlink_to(files)
+    shutil.copy(ckpt, files / "copy.ckpt")
+    (files / "tokenizer.json").write_text('{"a user\'s": "tokenizer"}\n')  # refused unread
+    return {"files": files, "run": run, "ckpt": ckpt}
+
+
+TRANSLATE_OUTPUTS = {  # output= (under {files}/{run}) -> the words of the refusal
+    "its own checkpoint": ("{ckpt}", "is the same file as ckpt_path"),
+    "a hard link of its checkpoint": (
+        "{files}/ckpt-hardlink.ckpt",
+        "is the same file as ckpt_path",
+    ),
+    "a symlink to its checkpoint": ("{files}/to-ckpt", "is a symbolic link"),
+    "a symlink chain to its checkpoint": ("{files}/chain-2", "is a symbolic link"),
+    "a dangling symlink": ("{files}/dangling", "is a symbolic link"),
+    "its prefix file": ("{files}/prefixes.txt", "is the same file as prefix_file"),
+    "its input through a linked directory": (
+        "{files}/linked-dir/in.txt",
+        "is the same file as input",
+    ),
+    "a hard link of its input": ("{files}/in-hardlink.txt", "is the same file as input"),
+    "its tokenizer file": ("{files}/tokenizer.json", "is the same file as tokenizer"),
+    "the run's .hydra/config.yaml": ("{run}/.hydra/config.yaml", "is a record of the run"),
+    "the run's metrics.json": ("{run}/metrics.json", "is a record of the run"),
+    "the run's csv/metrics.csv": ("{run}/csv/metrics.csv", "is a record of the run"),
+    "another checkpoint of the run": ("{run}/checkpoints/step20.ckpt", "is a record of the run"),
+    "a checkpoint outside any run": ("{files}/copy.ckpt", "is a checkpoint"),
+    "a directory": ("{files}", "is a directory"),
+    "a file with another hard link": ("{files}/notes.txt", "other hard link(s)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSLATE_OUTPUTS))
+def test_translate_never_writes_over_an_input_or_a_record(case, run_copy, tmp_path):
+    from aiayn.inference.translate import run
+
+    paths = _user_files(tmp_path, run_copy)
+    output, words = TRANSLATE_OUTPUTS[case]
+    output = output.format(**paths)
+    settings = [f"input={paths['files'] / 'in.txt'}", f"output={output}", "progress=false"]
+    settings += [f"prefix_file={paths['files'] / 'prefixes.txt'}", f"ckpt_path={paths['ckpt']}"]
+    if "tokenizer" in case:
+        settings.append(f"tokenizer={paths['files'] / 'tokenizer.json'}")
+    before = _state(paths["files"], run_copy)
+    with pytest.raises(OutputError) as error:
+        run(compose_config("translate", settings, tmp_path / "out"))
+    message = str(error.value)
+    assert words in message and f"output {output}" in message, message
+    assert "choose another output" in message or "remove the link" in message or "name a" in message
+    assert "\n" not in message
+    assert _state(paths["files"], run_copy) == before
+
+
+def test_translate_never_writes_over_its_exports_model(exported, tmp_path):
+    from aiayn.inference.translate import run
+
+    export = tmp_path / "export"
+    shutil.copytree(exported, export)
+    (tmp_path / "in.txt").write_text("a b\n")
+    for name in ("model.bin", "aiayn.json", "tokenizer.json"):
+        settings = ["engine=ctranslate2", f"ct2_path={export}", f"input={tmp_path / 'in.txt'}"]
+        before = fingerprint(tmp_path)
+        with pytest.raises(OutputError, match=r"is the same file as a file of ct2_path"):
+            run(compose_config("translate", [*settings, f"output={export / name}"], tmp_path))
+        assert fingerprint(tmp_path) == before
+
+
+def test_translate_never_writes_over_another_exports_files(exported, ckpt, tmp_path):
+    """engine=torch: the export is no input, but its files are still not an output's."""
+    from aiayn.inference.translate import run
+
+    export = tmp_path / "export"
+    shutil.copytree(exported, export)
+    (tmp_path / "in.txt").write_text("a b\n")
+    before = fingerprint(tmp_path)
+    settings = [f"ckpt_path={ckpt}", f"input={tmp_path / 'in.txt'}"]
+    with pytest.raises(OutputError, match=r"is a file of the CTranslate2 export"):
+        run(compose_config("translate", [*settings, f"output={export / 'aiayn.json'}"], tmp_path))
+    assert fingerprint(tmp_path) == before
+
+
+# ------------------------------------------------------------ evaluate: its two output files
+
+
+EVALUATE_OUTPUTS = {  # file in paths.output_dir -> (how it is planted, the refusal's words)
+    "bleu.json a symlink to the checkpoint": ("bleu.json", "symlink", "is a symbolic link"),
+    "the hypotheses a hard link of the checkpoint": (
+        "hypotheses.test.txt",
+        "hardlink",
+        "is the same file as ckpt_path",
+    ),
+    "bleu.json a hard link of a user's file": ("bleu.json", "user", "other hard link(s)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVALUATE_OUTPUTS))
+def test_evaluate_never_writes_through_its_output_files(case, run_copy, tmp_path):
+    from aiayn.inference.evaluation import run
+
+    name, plant, words = EVALUATE_OUTPUTS[case]
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = run_copy / "checkpoints" / "last.ckpt"
+    (tmp_path / "notes.txt").write_text("mine\n")
+    link = out / name
+    if plant == "symlink":
+        link.symlink_to(ckpt)
+    elif plant == "hardlink":
+        link.hardlink_to(ckpt)
+    else:
+        link.hardlink_to(tmp_path / "notes.txt")
+    before = _state(tmp_path)
+    with pytest.raises(OutputError) as error:
+        run(compose_config("eval", [f"ckpt_path={ckpt}", "progress=false"], out))
+    assert words in str(error.value) and str(link) in str(error.value)
+    assert _state(tmp_path) == before
+
+
+# ------------------------------------------------------------------ curves -o and average -o
+
+
+CURVES_OUTPUTS = {  # -o (under {run}/{tmp}) -> the refusal's words
+    "a symlink into best.ckpt": ("{tmp}/curves.png", "is a symbolic link"),
+    "the run's csv/metrics.csv": ("{run}/csv/metrics.csv", "is the same file as a run's"),
+    "the run's last.ckpt": ("{run}/checkpoints/last.ckpt", "is a record of the run"),
+    "a directory": ("{tmp}", "is a directory"),
+    "a hard-linked picture": ("{tmp}/shared.png", "other hard link(s)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CURVES_OUTPUTS))
+def test_curves_never_writes_through_a_link_or_over_a_record(case, run_copy, tmp_path, capsys):
+    from aiayn.cli.curves import main
+
+    (tmp_path / "curves.png").symlink_to(run_copy / "checkpoints" / "last.ckpt")
+    (tmp_path / "picture.png").write_bytes(b"a user's picture")
+    (tmp_path / "shared.png").hardlink_to(tmp_path / "picture.png")
+    output, words = CURVES_OUTPUTS[case]
+    output = output.format(run=run_copy, tmp=tmp_path)
+    before = _state(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        main([str(run_copy), "-o", output])
+    err = _one_line(capsys, exit)
+    assert words in err and f"-o {output}" in err, err
+    assert _state(tmp_path) == before
+
+
+@pytest.mark.parametrize("last", ["0", "-1", "-5"])
+def test_average_last_below_one_is_refused_by_name(last, run_copy, tmp_path, capsys):
+    from aiayn.cli.average import main
+
+    before = _state(tmp_path)
+    out = tmp_path / "avg.ckpt"
+    with pytest.raises(SystemExit) as exit:
+        main(["--last", last, str(run_copy / "checkpoints"), "-o", str(out)])
+    err = _one_line(capsys, exit)
+    assert "--last must be at least 1" in err and f"got {last}" in err
+    assert _state(tmp_path) == before and not out.exists()
+
+
+AVERAGE_OUTPUTS = {  # -o -> (how it is planted, the refusal's words)
+    "a symlink to a user's file": ("symlink", "is a symbolic link"),
+    "a hard link of an input": ("hardlink", "is the same file as one of the checkpoints"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AVERAGE_OUTPUTS))
+def test_average_never_writes_through_a_link(case, run_copy, tmp_path, capsys):
+    from aiayn.cli.average import main
+
+    plant, words = AVERAGE_OUTPUTS[case]
+    step20 = run_copy / "checkpoints" / "step20.ckpt"
+    (tmp_path / "notes.txt").write_text("mine\n")
+    out = tmp_path / "avg.ckpt"
+    if plant == "symlink":
+        out.symlink_to(tmp_path / "notes.txt")
+    else:
+        out.hardlink_to(step20)
+    before = _state(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        main([str(step20), str(run_copy / "checkpoints" / "step40.ckpt"), "-o", str(out)])
+    err = _one_line(capsys, exit)
+    assert words in err and str(out) in err, err
+    assert _state(tmp_path) == before
+
+
+class _Payload:
+    """An object `weights_only=True` refuses to unpickle."""
+
+
+SNAPSHOTS = {  # a snapshot's bytes -> the refusal's words
+    "a pickled object": (lambda p: torch.save({"w": _Payload()}, p), "cannot read checkpoint"),
+    "a text file": (lambda p: p.write_text("not a snapshot\n"), "is not a checkpoint"),
+    "a list of numbers": (lambda p: torch.save([1, 2], p), "is not a snapshot of weights"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SNAPSHOTS))
+def test_a_crafted_averaging_snapshot_is_one_line(case, tmp_path):
+    from aiayn.callbacks.averaging import _snapshot_state
+
+    path = tmp_path / ".snapshot-step20.pt"
+    write, words = SNAPSHOTS[case]
+    write(path)
+    before = fingerprint(tmp_path)
+    with pytest.raises(CheckpointError) as error:
+        _snapshot_state(path)
+    message = str(error.value)
+    assert words in message and str(path) in message and "delete it" in message
+    assert "\n" not in message
+    assert fingerprint(tmp_path) == before
+
+
+# ------------------------------------------------------------------- arguments in their range
+
+
+DECODE_ARGUMENTS = {  # override -> the refusal's words
+    "decode.beam_size=0": "decode.beam_size must be a positive integer, got 0",
+    "decode.beam_size=-3": "decode.beam_size must be a positive integer, got -3",
+    "decode.nbest=0": "decode.nbest must be a positive integer, got 0",
+    "decode.top_p=1.5": "decode.top_p must lie in (0, 1], got 1.5",
+    "decode.top_p=0": "decode.top_p must lie in (0, 1], got 0.0",
+    "decode.temperature=0": "decode.temperature must be positive, got 0.0",
+    "decode.top_k=-1": "decode.top_k must be an integer >= 0, got -1",
+    "decode.length_penalty=-1": "decode.length_penalty must be a number >= 0, got -1.0",
+    "decode.max_len_a=-2": "decode.max_len_a must be a number >= 0, got -2.0",
+}
+
+
+@pytest.mark.parametrize("command", ["translate", "eval"])
+@pytest.mark.parametrize("override", sorted(DECODE_ARGUMENTS))
+def test_a_decode_argument_out_of_range_is_refused_before_any_work(command, override, tmp_path):
+    from aiayn.inference.config import EvalConfig, TranslateConfig
+    from aiayn.schema import to_schema
+
+    schema = TranslateConfig if command == "translate" else EvalConfig
+    missing = tmp_path / "never-read.ckpt"  # refused before the checkpoint is looked at
+    cfg = compose_config(command, [f"ckpt_path={missing}", override], tmp_path / "out")
+    with pytest.raises(ConfigError) as error:
+        to_schema(cfg, schema)
+    assert DECODE_ARGUMENTS[override] in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def _no_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:3"])
+@pytest.mark.parametrize("command", ["translate", "eval"])
+def test_cuda_without_cuda_is_one_line(command, device, ckpt, tmp_path):
+    from aiayn.inference.evaluation import run as evaluate
+    from aiayn.inference.translate import run as translate
+
+    _no_cuda()
+    (tmp_path / "in.txt").write_text("a b\n")
+    settings = [f"ckpt_path={ckpt}", f"device={device}", "progress=false"]
+    if command == "translate":
+        settings.append(f"input={tmp_path / 'in.txt'}")
+    with pytest.raises(ConfigError) as error:
+        (translate if command == "translate" else evaluate)(
+            compose_config(command, settings, tmp_path / "out")
+        )
+    message = str(error.value)
+    assert f"device={device!r}" in message and "no CUDA device" in message
+    assert "use device=cpu" in message and "\n" not in message
+
+
+def test_cuda_without_cuda_in_the_ctranslate2_engine_is_one_line(exported):
+    from aiayn.export.ctranslate2 import ctranslate2_module
+    from aiayn.inference.ct2 import load_translator
+
+    if ctranslate2_module().get_cuda_device_count():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(ConfigError, match=r"device='cuda', but this machine has no CUDA device"):
+        load_translator(None, "cuda", engine="ctranslate2", ct2_path=str(exported))
+
+
+def test_a_device_that_is_none_is_named(ckpt):
+    from aiayn.inference.checkpoint import resolve_device
+
+    with pytest.raises(ConfigError, match=r"device='tpu' is not a device: use cpu, cuda"):
+        resolve_device("tpu")
+
+
+ALIASES = {  # deprecated data keys -> (where the value goes, the value)
+    "data.hf_data_files={train: a.jsonl}": ("hf", "data_files", {"train": "a.jsonl"}),
+    "data.toy_train_size=123": ("toy", "train_size", 123),
+    "data.download_url=http://127.0.0.1:9/raw": (
+        "multi30k",
+        "download_url",
+        "http://127.0.0.1:9/raw",
+    ),
+}
+
+
+@pytest.mark.parametrize("override", sorted(ALIASES))
+def test_a_deprecated_data_key_still_works(override, tmp_path):
+    from aiayn.config import TrainConfig
+    from aiayn.schema import to_schema
+    from tests.helpers import compose_train
+
+    group = ["data=hf"] if "hf_" in override else []
+    data = to_schema(compose_train([*group, override], tmp_path / "out"), TrainConfig).data
+    owner, key, value = ALIASES[override]
+    assert getattr(getattr(data, owner), key) == value
+
+
+def test_a_deprecated_key_that_disagrees_names_the_new_key(tmp_path):
+    from aiayn.config import TrainConfig
+    from aiayn.schema import to_schema
+    from tests.helpers import compose_train
+
+    cfg = compose_train(["data=hf", "data.hf_name=json"], tmp_path / "out")
+    with pytest.raises(ConfigError) as error:
+        to_schema(cfg, TrainConfig)
+    assert "give data.hf.name='json' instead of data.hf_name" in str(error.value)
+
+
+# ------------------------------------------------------------ exports checked without a digest
+
+
+def _undigested(exported: Path, tmp_path: Path, **model: int) -> Path:
+    """A copy of the export without `model_sha256`, its model settings changed by `model`."""
+    directory = tmp_path / "export"
+    shutil.copytree(exported, directory)
+    metadata = json.loads((directory / "aiayn.json").read_text())
+    del metadata["model_sha256"]
+    metadata["model"].update(model)
+    (directory / "aiayn.json").write_text(json.dumps(metadata))
+    return directory
+
+
+SETTINGS = {  # aiayn.json's model settings -> values its model.bin does not have
+    "d_ff": {"d_ff": 256},
+    "num_encoder_layers": {"num_encoder_layers": 3},
+    "num_decoder_layers": {"num_decoder_layers": 1},
+    "num_heads": {"num_heads": 8},
+    "max_positions": {"max_positions": 512},
+    "src_vocab_size": {"src_vocab_size": 900, "tgt_vocab_size": 900},  # shared embeddings
+}
+
+
+@pytest.mark.parametrize("key", sorted(SETTINGS))
+def test_an_export_without_a_digest_is_checked_against_its_weights(key, exported, tmp_path):
+    from aiayn.inference.ct2 import load_translator
+
+    directory = _undigested(exported, tmp_path, **SETTINGS[key])
+    before = fingerprint(directory)
+    with pytest.raises(CheckpointError) as error:
+        load_translator(None, "cpu", engine="ctranslate2", ct2_path=str(directory))
+    message = str(error.value)
+    assert f"model.bin does not fit aiayn.json: it holds {key}" in message, message
+    assert f"aiayn.json says {SETTINGS[key][key]}" in message
+    assert "export the checkpoint again" in message
+    assert fingerprint(directory) == before
+
+
+def _swap_two_tokens(directory: Path) -> None:
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[10:12]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+def _drop_a_token(directory: Path) -> None:
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    last = max(vocab, key=vocab.get)
+    del vocab[last]
+    tokenizer["model"]["merges"] = [
+        m
+        for m in tokenizer["model"]["merges"]
+        if "".join(m if isinstance(m, list) else m.split()) != last
+    ]
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+def _truncate_model(directory: Path) -> None:
+    data = (directory / "model.bin").read_bytes()
+    (directory / "model.bin").write_bytes(data[:40])
+
+
+TOKENIZER_FAULTS = {
+    "another tokenizer of the same size": (_swap_two_tokens, "tokens are not the vocabulary"),
+    "a tokenizer one token short": (_drop_a_token, "tokens but the model"),
+    "a truncated model.bin": (_truncate_model, "is not a CTranslate2 model"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(TOKENIZER_FAULTS))
+def test_an_export_without_a_digest_is_checked_against_its_tokenizer(fault, exported, tmp_path):
+    from aiayn.inference.ct2 import load_translator
+
+    directory = _undigested(exported, tmp_path)
+    damage, words = TOKENIZER_FAULTS[fault]
+    damage(directory)
+    before = fingerprint(directory)
+    with pytest.raises(CheckpointError) as error:
+        load_translator(None, "cpu", engine="ctranslate2", ct2_path=str(directory))
+    assert words in str(error.value) and "export the checkpoint again" in str(error.value)
+    assert fingerprint(directory) == before
+
+
+def test_an_intact_export_without_a_digest_still_decodes(exported, tmp_path):
+    from aiayn.inference.ct2 import load_translator
+
+    directory = _undigested(exported, tmp_path)
+    translator = load_translator(None, "cpu", engine="ctranslate2", ct2_path=str(directory))
+    assert len(translator.translate_all(["a b"], 4, "test")) == 1
+
+
+def test_concurrent_builds_of_one_conversion_cache_all_succeed(run_copy, monkeypatch):
+    """Three decoders at once on a checkpoint without its `<ckpt>.ct2`: each builds in its own
+    directory (all three held until each has written its model, so that they race to put it
+    in place); the first rename wins and the others use its conversion."""
+    pytest.importorskip("ctranslate2")
+    from aiayn.export import ctranslate2
+    from aiayn.export.ctranslate2 import cached_export, read_metadata
+
+    together = threading.Barrier(3, timeout=30)
+    save_spec = ctranslate2.save_spec
+
+    def save_then_wait(*args: object, **kwargs: object) -> None:
+        save_spec(*args, **kwargs)
+        together.wait()
+
+    monkeypatch.setattr(ctranslate2, "save_spec", save_then_wait)
+
+    ckpt = run_copy / "checkpoints" / "last.ckpt"
+    results: list[object] = []
+
+    def build() -> None:
+        try:
+            results.append(cached_export(ckpt))
+        except Exception as error:
+            results.append(error)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cache = ckpt.with_name("last.ckpt.ct2")
+    assert results == [cache] * 3, results
+    assert read_metadata(cache)["model_sha256"]
+    assert not [p.name for p in ckpt.parent.iterdir() if p.name.startswith(".last.ckpt.ct2")]
+
+
+# ------------------------------------------------------------------ bounded time and memory
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """Promises a body and sends one byte of it at a time, a while apart."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        for _ in range(1000):
+            try:
+                self.wfile.write(b"x")
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.05)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_trickling_download_ends_at_its_deadline(tmp_path, monkeypatch):
+    from aiayn.data.config import DataConfig
+    from aiayn.data.prepare import prepare
+    from aiayn.data.sources import multi30k
+    from aiayn.schema import to_schema
+
+    monkeypatch.setattr(multi30k, "DEADLINE_S", 0.5)  # every read comes well within TIMEOUT_S
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/raw"
+        settings = {"source": "multi30k", "root": None, "test_split": "test2016"}
+        settings |= {"multi30k": {"download_url": url}, "cache_dir": str(tmp_path / "cache")}
+        start = time.monotonic()
+        with pytest.raises(AiaynError) as error:
+            prepare(to_schema(settings, DataConfig))
+        elapsed = time.monotonic() - start
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert url in str(error.value) and "timed out" in str(error.value)
+    assert "in all" in str(error.value)
+    assert elapsed < 10
+    assert not [
+        p for p in (tmp_path / "cache").rglob("*") if p.is_file() and ".locks" not in p.parts
+    ]
+
+
+LONG_LINES = {  # where the over-long line is -> the file's lines around it
+    "first": (0, ["", "b c", "d e"]),
+    "middle": (1, ["a b", "", "d e"]),
+    "last, without a newline": (2, ["a b", "c d", ""]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_LINES))
+def test_an_over_long_line_is_never_held_whole(case, tmp_path):
+    from aiayn.data.sources.text import MAX_LINE_BYTES, iter_lines
+
+    where, lines = LONG_LINES[case]
+    huge = "é" * (4 * MAX_LINE_BYTES)  # two bytes each: cut inside a character
+    text = [huge if i == where else line for i, line in enumerate(lines)]
+    path = tmp_path / "corpus.de"
+    path.write_bytes(("\n".join(text) + ("" if where == 2 else "\n")).encode())
+    tracemalloc.start()
+    try:
+        read = list(iter_lines(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(read) == 3
+    assert [r for i, r in enumerate(read) if i != where] == [
+        line for i, line in enumerate(lines) if i != where
+    ]
+    assert set(read[where]) == {"é"} and len(read[where].encode()) <= MAX_LINE_BYTES
+    assert peak < 6 * MAX_LINE_BYTES  # the whole line alone is eight times the limit
+
+
+def test_translate_cuts_an_over_long_input_line_as_it_reads(monkeypatch, ckpt, tmp_path):
+    """The translation of a line beyond the limit is that of its first bytes (then truncated
+    to the model's positions by on_long=truncate), and the lines after it keep their order."""
+    from aiayn.data.sources import text
+    from aiayn.inference.translate import run
+
+    monkeypatch.setattr(text.bounded_lines, "__defaults__", (64,))
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n" + "c d " * 1000 + "\ne f\n")
+    out = tmp_path / "out.txt"
+    settings = [f"ckpt_path={ckpt}", f"input={source}", f"output={out}", "progress=false"]
+    settings += ["decode.max_len_a=0", "decode.max_len_b=3"]
+    assert run(compose_config("translate", settings, tmp_path / "run")) == 3
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_check_output_is_the_one_owner(monkeypatch):
+    """Every writer calls aiayn.outputs.check_output: no command keeps its own comparison."""
+    src = Path(__file__).resolve().parents[2] / "src" / "aiayn"
+    owners = [
+        p.relative_to(src).as_posix()
+        for p in src.rglob("*.py")
+        if "samefile" in p.read_text() or "st_ino" in p.read_text()
+    ]
+    assert sorted(owners) == ["data/sources/text.py", "outputs.py"]
