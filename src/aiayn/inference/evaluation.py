@@ -137,7 +137,10 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     """What `python evaluate.py` does; returns what it writes to `<output_dir>/bleu.json`."""
     config = to_schema(cfg, EvalConfig)
     inputs = {"ckpt_path": config.ckpt_path, "a file of ct2_path": config.ct2_path}
-    for name in (f"hypotheses.{config.split}.txt", "bleu.json"):
+    written = (f"hypotheses.{config.split}.txt", "bleu.json")
+    if config.mode == "score":
+        written = (f"scores.{config.split}.tsv", "score.json")
+    for name in written:
         check_output(Path(config.paths.output_dir) / name, "paths.output_dir's", inputs)
     translator = load_translator(
         config.ckpt_path,
