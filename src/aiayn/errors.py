@@ -65,6 +65,30 @@ class OutputError(AiaynError):
     (`aiayn.outputs.check_output`)."""
 
 
+class StoppedError(AiaynError):
+    """A run stopped by a signal (SIGTERM: a preemption or `scancel`; SIGINT: Ctrl-C): its
+    command exits with `exit_code`, 128 + the signal's number, as a shell reports it.
+    `quiet` on every rank but 0 (one line for the run); `ends_sweep`: in a multirun job, the
+    line that ends the sweep (`SweepStopped`)."""
+
+    quiet = False
+    ends_sweep = ""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class SweepStopped(BaseException):
+    """A signal stopped a multirun's job: the sweep ends there, with the job's exit code;
+    the message says which jobs did not run and how to relaunch. A BaseException, so that
+    Hydra's launcher does not record it as one failed job and go on to the next."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class StorageError(AiaynError):
     """A file could not be written: the disk (or the user's quota) is full."""
 
@@ -149,16 +173,19 @@ def exit_on_error(function: F) -> F:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             job = _multirun_job()
+            code = getattr(error, "exit_code", 1)
             if job is None:
                 if not getattr(error, "quiet", False):
                     print(f"error: {error}", file=sys.stderr, flush=True)
                 _discard_empty_run_dirs()
-                sys.exit(1)
+                sys.exit(code)
             name, directory = job
             print(f"error: job {name}: {error}", file=sys.stderr, flush=True)
             FAILED_JOBS.append((name, str(error)))
             with contextlib.suppress(OSError):
                 Path(directory, FAILED_FILE).write_text(f"{error}\n", encoding="utf-8")
+            if isinstance(error, StoppedError) and error.ends_sweep:
+                raise SweepStopped(error.ends_sweep, code) from None
             return float("nan")  # a sweeper's objective: optuna counts the trial as failed
 
     return wrapper  # type: ignore[return-value]

@@ -1,4 +1,4 @@
-"""The catalogue, part three: a run directory belongs to one run, a multirun directory to one
+"""The catalogue, part four: a run directory belongs to one run, a multirun directory to one
 sweep (`aiayn.ownership`). A command pointed at a directory that holds a run, or lies inside
 one, is refused in one line before Hydra writes anything there; a second process on a live
 run or sweep is refused by a lock that a crashed holder does not leave behind; a relaunch

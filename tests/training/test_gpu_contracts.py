@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -462,11 +463,12 @@ def test_one_process_training_reads_the_device_at_log_steps_only(tmp_path):
 @pytest.mark.parametrize("ranks", ["1", "0-1"], ids=["rank 1", "both ranks"])
 def test_a_sigterm_stops_every_rank_at_the_next_log_step(ranks, tmp_path):
     """SIGTERM at the start of update 6 to rank 1 alone (no launcher passes it on from there)
-    or to both: the ranks agree on it at the next log step, update 8, and every rank stops
-    after it as Lightning stops one process (SIGTERMException, exit status 0, no
-    metrics.json). Under Lightning's own handling (a broadcast in its signal handler and one
-    at every step) both runs, and one signalled on rank 0, ended in "another process of this
-    2-process run died"."""
+    or to both: the ranks agree on it at the next log step, update 8, every rank stops after
+    it, the checkpoint of update 8 is written (every rank takes part), and the run exits 143
+    with one line saying where it stopped and how to resume, its metrics.json marked
+    unfinished. Under Lightning's own handling (a broadcast in its signal handler and one at
+    every step) both runs, and one signalled on rank 0, ended in "another process of this
+    2-process run died"; on f5393e6 the stop exited 0 with no metrics.json."""
     args = [*cli_overrides(tmp_path), *TOY, "trainer.max_steps=12", "trainer.max_epochs=-1"]
     args += ["trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=12"]
     args += ["trainer.log_every_n_steps=4", "trainer.accelerator=cpu", "trainer.devices=2"]
@@ -476,11 +478,20 @@ def test_a_sigterm_stops_every_rank_at_the_next_log_step(ranks, tmp_path):
         args += ["+callbacks.term.rank=1"]
     result = cli(args, tmp_path, timeout=300)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
+    assert result.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "[rank: 1] Received SIGTERM" in output
     assert "SIGTERM: every process stops after update 8" in output
     (run_dir,) = run_dirs(tmp_path)
-    assert not (run_dir / "metrics.json").exists()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: SIGTERM stopped the run while training, at update 8; resume with "
+        f"ckpt_path={last} (update 8)"
+    ]
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["finished"] is False and metrics["stopped_by"] == "SIGTERM"
+    assert metrics["updates"] == 8 and metrics["last_checkpoint_update"] == 8
     assert csv_metrics(run_dir)["step"] == [3.0, 7.0]  # the log steps of updates 4 and 8
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.training.loggers import sync_step
 
@@ -108,6 +110,19 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step:
+            self._save(trainer)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        """SIGTERM (a preemption, `scancel`): Lightning stops at the end of an update, every
+        rank at the same one (`SigtermAtLogSteps`), so that update is written and a resume
+        loses nothing. Not in a validation it stopped halfway, nor on Ctrl-C, which lands
+        anywhere (in an optimizer step, on each rank at another point)."""
+        stopped = isinstance(exception, SIGTERMException)
+        training = trainer.state.stage == RunningStage.TRAINING
+        step = trainer.global_step
+        if stopped and training and step > 0 and step != self._last_global_step_saved:
             self._save(trainer)
 
 

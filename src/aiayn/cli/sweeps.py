@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 from aiayn.cli import table3
 from aiayn.errors import AiaynError, exit_on_error
 from aiayn.outputs import check_output
+from aiayn.records import finished, read_metrics, stopped_status
 
 COLUMNS = (
     "job",
@@ -39,11 +39,13 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
     for job in sorted(jobs, key=lambda p: (len(p.name), p.name)):
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
         row: dict[str, Any] = {"job": job.name, "overrides": overrides}
-        metrics_file = job / "metrics.json"
-        if not metrics_file.is_file():
+        metrics = read_metrics(job)
+        if metrics is None:
             rows.append({**row, "status": "failed or running (no metrics.json)"})
             continue
-        metrics = json.loads(metrics_file.read_text())
+        if not finished(metrics):
+            rows.append({**row, "status": stopped_status(metrics)})
+            continue
         fit = metrics.get("fit", {})
         row.update(
             {

@@ -30,7 +30,6 @@ for that row would put it (our base's last value + the paper's Δ).
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 import statistics
@@ -43,6 +42,7 @@ import yaml
 from aiayn.cli.curves import validation_curve
 from aiayn.errors import AiaynError
 from aiayn.outputs import check_output
+from aiayn.records import finished, read_metrics
 
 # Table 3 of the paper (dev set newstest2013): row -> (PPL, BLEU). Our conf/ablation/ rows are
 # matched to the paper's by what they change relative to the base (d_k for the heads rows:
@@ -108,10 +108,9 @@ def read_jobs(multirun_dirs: list[Path]) -> list[dict[str, Any]]:
             overrides = yaml.safe_load(overrides_file.read_text()) or []
             row = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
             row = None if row is None else re.sub(r"_seed\d+$", "", row)  # a seed of the row
-            metrics_file = job / "metrics.json"
-            if row is None or not metrics_file.is_file():
+            metrics = read_metrics(job)
+            if row is None or not finished(metrics):
                 continue
-            metrics = json.loads(metrics_file.read_text())
             fit, test = metrics.get("fit", {}), metrics.get("test") or {}
             jobs.append(
                 {

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.config import CONF_DIR, TrainConfig, check_command_line, register
-from aiayn.errors import exit_if_jobs_failed, exit_on_error
+from aiayn.errors import SweepStopped, exit_if_jobs_failed, exit_on_error
 
 register()
 
@@ -30,7 +30,11 @@ def train(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     exit_on_error(check_command_line)(sys.argv[1:], TrainConfig)
-    train()
+    try:
+        train()
+    except SweepStopped as stop:  # a signal stopped a multirun's job: the sweep ends there
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+        sys.exit(stop.exit_code)
     exit_if_jobs_failed()  # a multirun's jobs all ran; say which failed
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, Timer
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn import kernels
@@ -43,7 +45,7 @@ from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.sampler import mid_epoch_world_size
 from aiayn.data.tokenizer import Tokenizers
-from aiayn.errors import ConfigError, writing
+from aiayn.errors import ConfigError, StoppedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.kernels.allocator import keep_freed_memory
 from aiayn.kernels.compiled import resolve_compile
@@ -56,6 +58,7 @@ from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.config import TrainConfig
 from aiayn.training.loggers import CSVLogger, replay
 from aiayn.training.module import TranslationModule
+from aiayn.training.sweep_resume import jobs_not_run
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +96,7 @@ def _check_multirun_launch(trainer: dict[str, Any]) -> None:
     would run the sweep again, in directories of its own (issue 49). A job whose processes a
     cluster launcher started (srun under `hydra/launcher=slurm_gpu`, torchrun) is one
     process of that launch and goes on."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized() or getattr(HydraConfig.get().mode, "name", None) != (
-        "MULTIRUN"
-    ):
+    if not _in_multirun():
         return
     processes = process_count(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
     if processes <= 1 or external_launch() is not None:
@@ -180,9 +179,16 @@ def _sweep_group(node: dict[str, Any]) -> dict[str, str]:
 
     if not str(node.get("_target_", "")).endswith("WandbLogger") or node.get("group"):
         return {}
-    if not HydraConfig.initialized() or HydraConfig.get().mode.name != "MULTIRUN":
+    if not _in_multirun():
         return {}
     return {"group": Path(HydraConfig.get().sweep.dir).name}
+
+
+def _in_multirun() -> bool:
+    """Whether this process runs a job of a Hydra multirun."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and getattr(HydraConfig.get().mode, "name", "") == "MULTIRUN"
 
 
 def _swept_settings() -> dict[str, str]:
@@ -256,7 +262,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if config.train:
             if resumed_step is not None:  # every check passed: the run's history continues
                 _continue_history(trainer, resumed_step)
-            with _peer_death_named(trainer):
+            with _ends_in_one_line(trainer, output_dir, "training"):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
             metrics["fit"] = _floats(trainer.callback_metrics)
             throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
@@ -279,7 +285,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 # a test loads weights only: without this, Lightning's ModelParallelStrategy
                 # looks for the fit's optimizer states in the checkpoint (an average has none)
                 trainer.strategy.optimizers = []
-            with _peer_death_named(trainer):
+            with _ends_in_one_line(trainer, output_dir, "testing"):
                 results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint)
             metrics["test"] = results[0] if results else {}
             metrics["test_checkpoint"] = checkpoint
@@ -291,6 +297,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics["kernel_overrides"] = {k: v for k, v in os.environ.items() if k in KERNEL_ENV}
         metrics["wall_clock_min"] = (time.perf_counter() - start) / 60  # this process
         metrics["peak_rss_mib"] = peak_rss_mib()  # this process: training and test
+        metrics["finished"] = True  # a stopped run's metrics.json says false (`_stopped`)
         _write_metrics(output_dir / "metrics.json", metrics)
         _print_result(metrics)
         failed = False
@@ -519,18 +526,67 @@ def strict_json(value: Any) -> Any:
 
 
 @contextmanager
-def _peer_death_named(trainer: L.Trainer) -> Iterator[None]:
-    """A DDP peer that died (killed, out of memory, its node lost) makes a collective fail in
-    this process; that becomes one line naming the dead rank and how to resume
+def _ends_in_one_line(trainer: L.Trainer, output_dir: Path, stage: str) -> Iterator[None]:
+    """`stage` ("training" or "testing") ended by a signal or by a dead peer becomes one
+    line: SIGTERM (a preemption, `scancel`) or SIGINT (Ctrl-C) a `StoppedError` saying where
+    the run stopped and how to resume (`_stopped`); a collective that failed because a DDP
+    peer died (killed, out of memory, its node lost) the dead rank named
     (`aiayn.callbacks.PeerWatch`)."""
     try:
         yield
+    except SystemExit as stop:  # how Lightning ends a fit or test on SIGTERM or Ctrl-C
+        name = _stop_signal(trainer, stop)
+        if name is None:
+            raise
+        raise _stopped(trainer, output_dir, name, stage) from None
     except RuntimeError as error:
         seen = peer_gone(error)
         watch = next((c for c in trainer.callbacks if isinstance(c, PeerWatch)), None)
         if trainer.world_size == 1 or seen is None or watch is None:
             raise
         raise watch.error(seen) from None
+
+
+def _stop_signal(trainer: L.Trainer, stop: SystemExit) -> str | None:
+    """The signal behind Lightning's SystemExit: SIGTERM (its SIGTERMException) or SIGINT
+    (after a KeyboardInterrupt it interrupts the trainer and exits 1), else None."""
+    if isinstance(stop, SIGTERMException):
+        return "SIGTERM"
+    if stop.code == 1 and trainer.interrupted:
+        return "SIGINT"
+    return None
+
+
+def _stopped(trainer: L.Trainer, output_dir: Path, name: str, stage: str) -> StoppedError:
+    """The error of a run a signal stopped, after writing what it has: `metrics.json`
+    marked unfinished (`finished: false`, where and why it stopped, the checkpoint to resume
+    from). On SIGTERM `LastCheckpoint` has written the update it stopped at."""
+    last = output_dir / "checkpoints" / "last.ckpt"
+    step, saved = trainer.global_step, None
+    if last.is_file():
+        saved = int(read_checkpoint(last)["global_step"])
+    metrics = {
+        "finished": False,
+        "stopped_by": name,
+        "stopped_while": stage,
+        "updates": step,
+        "last_checkpoint": str(last) if saved is not None else None,
+        "last_checkpoint_update": saved,
+        "run_dir": str(output_dir),
+    }
+    _write_metrics(output_dir / "metrics.json", metrics)
+    where = f"{name} stopped the run while {stage}, at update {step}"
+    if stage == "testing":
+        how = "the training finished; test it with evaluate.py ckpt_path=<its checkpoint>"
+    elif saved is None:
+        how = "no checkpoint was written yet: start it again"
+    else:
+        how = f"resume with ckpt_path={last} (update {saved})"
+    error = StoppedError(f"{where}; {how}", 128 + getattr(signal, name))
+    error.quiet = trainer.global_rank != 0  # one line for the run: rank 0's
+    if _in_multirun():
+        error.ends_sweep = jobs_not_run()
+    return error
 
 
 @rank_zero_only

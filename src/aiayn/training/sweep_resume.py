@@ -4,8 +4,8 @@ Hydra's multirun starts every job again. With `resume_sweep`, the relaunch write
 given multirun directory and each job, known by its overrides (Hydra's job number is its
 place in the grid):
 
-- a job that finished (its `metrics.json` exists) is kept: not run again, its metrics
-  returned to the sweeper;
+- a job that finished (its `metrics.json` says so, `aiayn.records`) is kept: not run
+  again, its metrics returned to the sweeper;
 - a job that was stopped resumes exactly from its `checkpoints/last.ckpt` (as
   `ckpt_path=` does: same run directory, history cut back to the checkpoint, W&B history
   replayed into the job's new W&B run, in the sweep's W&B group);
@@ -22,7 +22,6 @@ refused, naming it. Each resumed job's Hydra record goes to `.hydra/resume-<time
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -33,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn.errors import ConfigError
 from aiayn.ownership import exit_on_callback_error
+from aiayn.records import finished, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +166,10 @@ def resume_job(cfg: DictConfig) -> dict[str, Any] | None:
     if not str(hydra.output_subdir).startswith(".hydra/resume-"):
         return None  # a job the first attempt never started
     _check_same_job(job, cfg, list(hydra.overrides.task))
-    metrics = job / "metrics.json"
-    if metrics.is_file():
-        log.info("job %s finished in an earlier attempt: kept (%s)", hydra.job.num, metrics)
-        return json.loads(metrics.read_text())
+    metrics = read_metrics(job)
+    if finished(metrics):
+        log.info("job %s finished in an earlier attempt: kept (%s)", hydra.job.num, job)
+        return metrics
     last = job / "checkpoints" / "last.ckpt"
     if last.is_file():
         (job / "FAILED").unlink(missing_ok=True)
@@ -216,3 +216,27 @@ def _set_aside(job: Path) -> None:
     for path in moved:
         shutil.move(str(path), aside / path.name)
     log.info("job %s stopped before its first checkpoint: starting again", job.name)
+
+
+def jobs_not_run() -> str:
+    """Which jobs of the running multirun come after this one (Hydra's basic sweeper runs
+    them in order), and how to relaunch the sweep."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = HydraConfig.get()
+    number = int(hydra.job.num)
+    try:
+        sweep = OmegaConf.load(Path(hydra.sweep.dir) / "multirun.yaml")  # the whole grid
+        if OmegaConf.select(sweep, "hydra.sweeper._target_") != BASIC_SWEEPER:
+            raise ValueError("not a grid")
+        total = len(job_overrides(sweep))
+        rest = f"jobs {number + 1} to {total - 1} of 0 to {total - 1}"
+        rest = rest if number + 1 < total else ""
+    except Exception:  # another sweeper (Optuna), whose trials are no list known ahead
+        rest = f"the jobs after job {number}"
+    did_not_run = f"{rest} did not run; " if rest else ""
+    return (
+        f"the sweep stopped in job {number}; {did_not_run}relaunch it with its overrides and "
+        f"resume_sweep={hydra.sweep.dir}: the stopped job resumes from its last.ckpt and the "
+        "others run"
+    )
