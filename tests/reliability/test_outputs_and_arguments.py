@@ -526,7 +526,21 @@ class _Trickle(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_trickling_download_ends_at_its_deadline(tmp_path, monkeypatch):
+class _TrickleHeaders(_Trickle):
+    """Sends its headers one byte at a time, a while apart (and never a body)."""
+
+    def do_GET(self) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 1000:
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("handler", [_Trickle, _TrickleHeaders], ids=["body", "headers"])
+def test_a_trickling_download_ends_at_its_deadline(handler, tmp_path, monkeypatch):
     from aiayn.data.config import DataConfig
     from aiayn.data.prepare import prepare
     from aiayn.data.sources import multi30k
@@ -535,7 +549,7 @@ def test_a_trickling_download_ends_at_its_deadline(tmp_path, monkeypatch):
     monkeypatch.setattr(multi30k, "DEADLINE_S", 0.5)  # every read comes well within TIMEOUT_S
     for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.delenv(proxy, raising=False)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -12,6 +12,7 @@ partial or interrupted download is never used.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -19,13 +20,14 @@ import http.client
 import logging
 import os
 import shutil
+import socket
 import tempfile
-import time
+import threading
 import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Optional
+from typing import Optional
 
 from aiayn.data.sources.base import FileSource
 from aiayn.data.sources.text import file_fingerprint
@@ -210,13 +212,17 @@ class Multi30kSource(FileSource):
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
         try:
             archive = tmp / f"{final.name}.gz"
-            try:
-                with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-                    declared = response.headers.get("Content-Length")
-                    with archive.open("wb") as out:
-                        _copy_before_deadline(response, out, url)
-            except (OSError, http.client.HTTPException) as error:  # URLError, timeouts
-                raise DataError(self._offline_message(error, missing)) from error
+            with _Deadline(url) as deadline:
+                try:
+                    with deadline.opener.open(url, timeout=TIMEOUT_S) as response:
+                        declared = response.headers.get("Content-Length")
+                        with archive.open("wb") as out:
+                            while block := response.read1(CHUNK):
+                                out.write(block)
+                except (OSError, http.client.HTTPException) as error:  # URLError, timeouts
+                    deadline.check()
+                    raise DataError(self._offline_message(error, missing)) from error
+                deadline.check()
             size = archive.stat().st_size
             if declared is not None and declared.isdigit() and size != int(declared):
                 raise DataError(
@@ -262,15 +268,71 @@ class Multi30kSource(FileSource):
         )
 
 
-def _copy_before_deadline(response: http.client.HTTPResponse, out: BinaryIO, url: str) -> None:
-    """Copy the body of `response` into `out`, each read returning what has arrived (at most
-    `CHUNK` bytes), and stop with a DataError once `DEADLINE_S` have passed in all."""
-    deadline = time.monotonic() + DEADLINE_S
-    while block := response.read1(CHUNK):
-        out.write(block)
-        if time.monotonic() > deadline:
+class _Deadline:
+    """`DEADLINE_S` for a whole download, connection, headers and body: every socket the
+    `opener` opens (redirects too) is shut down once it has passed, which ends a read that
+    waits on it, so a mirror that trickles its headers or its body cannot hold a download
+    longer (`TIMEOUT_S` bounds each read alone). `check()` raises the DataError once it has
+    passed."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.expired, self.sockets = url, False, []
+        self.opener = urllib.request.build_opener(_Handler(self.sockets))
+        self._timer = threading.Timer(DEADLINE_S, self._expire)
+        self._timer.daemon = True
+
+    def _expire(self) -> None:
+        self.expired = True
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def check(self) -> None:
+        if self.expired:
             raise DataError(
-                f"downloading {url} timed out: not done after {DEADLINE_S} s in all (a slow or "
-                "stalled mirror); nothing was kept. Run again, or download the files by hand "
-                "(see data.root)"
+                f"downloading {self.url} timed out: not done after {DEADLINE_S} s in all (a "
+                "slow or stalled mirror); nothing was kept. Run again, or download the files "
+                "by hand (see data.root)"
             )
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
+class _Handler(urllib.request.HTTPSHandler, urllib.request.HTTPHandler):
+    """urllib's HTTP and HTTPS handlers, whose connections add their socket to `sockets`."""
+
+    def __init__(self, sockets: list[socket.socket]) -> None:
+        super().__init__()
+        self.sockets = sockets
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_Watched, self.sockets), req)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        watched = functools.partial(_WatchedTLS, self.sockets)
+        return self.do_open(watched, req, context=self._context)
+
+
+class _Watch:
+    """A connection that adds its socket to `sockets` once connected (TLS: the wrapped one)."""
+
+    def __init__(self, sockets: list[socket.socket], *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sockets = sockets
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.sockets.append(self.sock)  # type: ignore[attr-defined]
+
+
+class _Watched(_Watch, http.client.HTTPConnection):
+    pass
+
+
+class _WatchedTLS(_Watch, http.client.HTTPSConnection):
+    pass
