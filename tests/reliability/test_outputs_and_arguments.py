@@ -171,6 +171,25 @@ def test_evaluate_never_writes_through_its_output_files(case, run_copy, tmp_path
     assert _state(tmp_path) == before
 
 
+def test_evaluate_never_writes_over_a_file_of_the_corpus(run_copy, tmp_path):
+    """A corpus whose test references sit where evaluate writes its hypotheses (its output
+    directory given as the corpus's): refused before anything is decoded or written."""
+    from aiayn.inference.evaluation import run
+
+    out = tmp_path / "corpus"
+    out.mkdir()
+    (out / "test.en").write_text("a dog runs .\n")
+    (out / "hypotheses.test.txt").write_text("ein hund läuft .\n")  # the references
+    before = _state(tmp_path)
+    files = [f"data.files.test=[{out / 'test.en'},{out / 'hypotheses.test.txt'}]"]
+    overrides = [f"ckpt_path={run_copy / 'checkpoints' / 'last.ckpt'}", "progress=false"]
+    overrides += ["data=files", *files]
+    with pytest.raises(OutputError) as error:
+        run(compose_config("eval", overrides, out))
+    assert "is the same file as a file of the corpus" in str(error.value)
+    assert _state(tmp_path) == before
+
+
 # ------------------------------------------------------------------ curves -o and average -o
 
 

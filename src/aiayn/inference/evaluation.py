@@ -29,6 +29,8 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from aiayn.console import progress
 from aiayn.data import read_split
 from aiayn.data.config import DataConfig
+from aiayn.data.sources import get_source
+from aiayn.data.sources.base import FileSource
 from aiayn.errors import ConfigError, DataError, writing
 from aiayn.inference.checkpoint import run_data_config
 from aiayn.inference.config import EvalConfig
@@ -133,6 +135,14 @@ def score(
     return result
 
 
+def _data_files(data: DataConfig) -> dict[str, list[Path]]:
+    """The local files of `data`'s corpus (none for a generated or downloaded-by-name one)."""
+    source = get_source(data)
+    if not isinstance(source, FileSource):
+        return {}
+    return {"a file of the corpus": [path for paths in source.files().values() for path in paths]}
+
+
 def run(cfg: DictConfig | dict) -> dict[str, Any]:
     """What `python evaluate.py` does; returns what it writes to `<output_dir>/bleu.json`."""
     config = to_schema(cfg, EvalConfig)
@@ -154,6 +164,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     )
     translator = translator.with_settings(config.decode.given(), config.on_long)
     data = config.data or _data_of(config.ckpt_path, translator)
+    for name in written:  # the corpus is known now: the references are inputs too
+        check_output(Path(config.paths.output_dir) / name, "paths.output_dir's", _data_files(data))
     sources, references = read_split(data, config.split)
     if config.mode == "score":
         with writing(config.paths.output_dir):
