@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,158 @@ def test_sockeye_decodes_with_its_own_output_limit_only_in_setting_2(tmp_path, s
     result = json.loads((work / "result.json").read_text())
     assert (result["updates"], result["peak_rss_mib"], result["version"]) == (50, 2, "3.1.34")
     assert result["stages_s"]["train"] == 3300 and result["alpha"] == 0.6
+
+
+# ------------------------------------------------ setting 1: each peer's recipe against ours
+
+PEERS = REPO / "benchmarks" / "peers"
+# what a peer's setting 1 may not match, and why (issue 52 keeps them listed until each is
+# gone): every other compared key must equal aiayn's experiment=multi30k_cpu
+KNOWN_DIFFERENCES = {
+    "averaged": "the peers decode their last checkpoint; aiayn averages its last 5 snapshots",
+}
+
+
+def _flags(words: list[str]) -> dict[str, str]:
+    """`--key value` (or a bare `--switch`) words as {key: value or ''}."""
+    flags: dict[str, str] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[i + 1] if i + 1 < len(words) else "--"
+            flags[word[2:]] = "" if following.startswith("--") else following.strip("\"'")
+    return flags
+
+
+def _bash_array(script: Path, name: str) -> list[str]:
+    """The words of the first `name=( ... )` array in `script`, comments dropped."""
+    import shlex
+
+    text = script.read_text()
+    start = text.index(f"{name}=(") + len(name) + 2
+    body = text[start : text.index(")", start)]
+    return shlex.split(body, comments=True)
+
+
+def _noam_peak(factor: float, d_model: int, warmup: int) -> float:
+    return factor * d_model**-0.5 * warmup**-0.5
+
+
+def _peer_recipes() -> dict[str, dict[str, float]]:
+    """Each peer's setting-1 model and recipe, read from its own files, in common keys."""
+    import yaml
+
+    recipes = {}
+    joey = yaml.safe_load((PEERS / "joeynmt" / "same_model.yaml").read_text())
+    enc, dec, train = joey["model"]["encoder"], joey["model"]["decoder"], joey["training"]
+    recipes["joeynmt"] = {
+        "encoder layers": enc["num_layers"],
+        "decoder layers": dec["num_layers"],
+        "d_model": enc["hidden_size"],
+        "heads": enc["num_heads"],
+        "d_ff": enc["ff_size"],
+        "dropout": enc["dropout"],
+        "label smoothing": train["label_smoothing"],
+        "peak rate": _noam_peak(
+            train["learning_rate_factor"], enc["hidden_size"], train["learning_rate_warmup"]
+        ),
+        "warmup": train["learning_rate_warmup"],
+        "batch tokens": train["batch_size"],
+        "beam": joey["testing"]["beam_size"],
+        "averaged": 0,
+    }
+    for peer in ("eole", "opennmt"):
+        config = yaml.safe_load((PEERS / peer / "same_model.yaml").read_text())
+        model, train = config.get("model", config), config.get("training", config)
+        layers = model.get("layers") or model.get("enc_layers")
+        decoder_layers = model.get("layers") or model.get("dec_layers")
+        d_model = model["hidden_size"]
+        recipes[peer] = {
+            "encoder layers": layers,
+            "decoder layers": decoder_layers,
+            "d_model": d_model,
+            "heads": model["heads"],
+            "d_ff": model["transformer_ff"],
+            "dropout": train["dropout"][0],
+            "label smoothing": train["label_smoothing"],
+            "peak rate": _noam_peak(train["learning_rate"], d_model, train["warmup_steps"]),
+            "warmup": train["warmup_steps"],
+            "batch tokens": train["batch_size"],
+            "beam": int(_flags(_decode_words(PEERS / peer / "run.sh", "-beam_size"))["beam_size"]),
+            "averaged": 0,
+        }
+    fairseq = _flags(_bash_array(PEERS / "fairseq" / "run.sh", "RECIPE"))
+    script = (PEERS / "fairseq" / "run.sh").read_text()
+    recipes["fairseq"] = {
+        "encoder layers": int(fairseq["encoder-layers"]),
+        "decoder layers": int(fairseq["decoder-layers"]),
+        "d_model": int(fairseq["encoder-embed-dim"]),
+        "heads": int(fairseq["encoder-attention-heads"]),
+        "d_ff": int(fairseq["encoder-ffn-embed-dim"]),
+        "dropout": float(fairseq["dropout"]),
+        "label smoothing": float(_flags(script.split())["label-smoothing"]),
+        "peak rate": float(fairseq["lr"]),
+        "warmup": int(fairseq["warmup-updates"]),
+        "batch tokens": int(fairseq["max-tokens"]),
+        "beam": int(_flags(script.split())["beam"]),
+        "averaged": 0,
+    }
+    sockeye = _flags(_bash_array(PEERS / "sockeye" / "run.sh", "SAME"))
+    script = (PEERS / "sockeye" / "run.sh").read_text()
+    warmup = int(sockeye["learning-rate-warmup"])
+    recipes["sockeye"] = {
+        "encoder layers": int(sockeye["num-layers"]),
+        "decoder layers": int(sockeye["num-layers"]),
+        "d_model": int(sockeye["transformer-model-size"]),
+        "heads": int(sockeye["transformer-attention-heads"]),
+        "d_ff": int(sockeye["transformer-feed-forward-num-hidden"]),
+        "dropout": float(sockeye["transformer-dropout-prepost"]),
+        "label smoothing": float(sockeye["label-smoothing"]),
+        "peak rate": float(sockeye["initial-learning-rate"]) * warmup**-0.5,
+        "warmup": warmup,
+        "batch tokens": int(sockeye["batch-size"]),
+        "beam": int(_flags(script.split())["beam-size"]),
+        "averaged": 0,
+    }
+    return recipes
+
+
+def _decode_words(script: Path, flag: str) -> list[str]:
+    """The words of `script` from `flag` on, single dashes made double (OpenNMT's style)."""
+    words = script.read_text().split()
+    start = words.index(flag)
+    return ["-" + w if w.startswith("-") and not w.startswith("--") else w for w in words[start:]]
+
+
+def test_every_peers_setting_1_is_aiayns_recipe_but_for_the_listed_differences():
+    """Issue 52: each peer's setting-1 files (YAML configs, run.sh flags) against
+    `experiment=multi30k_cpu`: layers, widths, heads, dropout, label smoothing, peak rate,
+    warmup, batch tokens, beam and averaging, so the two cannot drift apart; what differs is
+    listed in KNOWN_DIFFERENCES (with its reason), and nothing else may."""
+    from tests.helpers import compose_train
+
+    config = compose_train(["experiment=multi30k_cpu"])
+    model, optim = config.model, config.optim
+    assert optim.schedule == "inverse_sqrt"  # peak at the end of warmup: optim.lr
+    ours = {
+        "encoder layers": model.num_encoder_layers,
+        "decoder layers": model.num_decoder_layers,
+        "d_model": model.d_model,
+        "heads": model.num_heads,
+        "d_ff": model.d_ff,
+        "dropout": model.dropout,
+        "label smoothing": optim.label_smoothing,
+        "peak rate": optim.lr,
+        "warmup": optim.warmup_steps,
+        "batch tokens": config.data.max_tokens,
+        "beam": config.decode.beam_size,
+        "averaged": config.callbacks.average.last,
+    }
+    recipes = _peer_recipes()
+    assert sorted(recipes) == ["eole", "fairseq", "joeynmt", "opennmt", "sockeye"]
+    for peer, recipe in recipes.items():
+        assert set(recipe) == set(ours), peer
+        differing = {key for key in ours if recipe[key] != pytest.approx(ours[key], rel=1e-3)}
+        assert differing == set(KNOWN_DIFFERENCES), (
+            peer,
+            {k: (recipe[k], ours[k]) for k in differing},
+        )
