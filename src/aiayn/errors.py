@@ -180,7 +180,8 @@ def exit_on_error(function: F) -> F:
                 _discard_empty_run_dirs()
                 sys.exit(code)
             name, directory = job
-            print(f"error: job {name}: {error}", file=sys.stderr, flush=True)
+            if not getattr(error, "quiet", False):
+                print(f"error: job {name}: {error}", file=sys.stderr, flush=True)
             FAILED_JOBS.append((name, str(error)))
             with contextlib.suppress(OSError):
                 Path(directory, FAILED_FILE).write_text(f"{error}\n", encoding="utf-8")

@@ -98,6 +98,13 @@ def external_launch() -> Launch | None:
     return None
 
 
+def started_by_lightning() -> bool:
+    """Whether Lightning's own launcher (`trainer.devices=N` in one command) started this
+    process as one of its ranks > 0 (it sets their LOCAL_RANK; torchrun and srun are
+    `external_launch`)."""
+    return external_launch() is None and os.environ.get("LOCAL_RANK", "0") != "0"
+
+
 def log_file(output_dir: str, job_name: str) -> str:
     """The file this process logs to in `output_dir` (Hydra's job logging): `<job_name>.log`
     for rank 0 and a single process, `<job_name>_rank<r>.log` for every other rank of a

@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.errors import AiaynError, ConfigError
-from aiayn.launchers import external_launch
+from aiayn.launchers import external_launch, started_by_lightning
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def lock(directory: Path, what: str) -> None:
     except OSError as error:
         holder = Path(path).read_text(errors="replace").strip() or "another process"
         os.close(descriptor)
-        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # a file system without locks
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):  # no locks here (Lustre)
             log.warning("cannot lock %s (%s): a second process is not refused", path, error)
             return
         raise ConfigError(
@@ -92,7 +92,7 @@ def _first_process() -> bool:
     launch = external_launch()
     if launch is not None:
         return launch.rank == 0
-    return os.environ.get("LOCAL_RANK", "0") == "0"  # Lightning's launcher sets its children's
+    return not started_by_lightning()
 
 
 def check_run_dir(config: DictConfig) -> Path:

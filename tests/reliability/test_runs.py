@@ -124,6 +124,7 @@ def _holder(directory: Path, what: str) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_live_run_is_refused_and_a_dead_holder_leaves_no_lock(run, tmp_path):
     """A resume of a run that another process runs is refused in one line naming it (pid and
     host), with nothing written; once that process is SIGKILLed, the lock is gone with it and
@@ -248,6 +249,7 @@ def test_two_relaunches_of_one_sweep_at_once_the_second_is_refused(tmp_path, cap
     )  # the holder is gone: this one takes the sweep
 
 
+@pytest.mark.slow
 def test_a_refused_train_on_the_command_line_is_one_line_and_writes_nothing(run, tmp_path):
     """The real entry point: `python train.py hydra.run.dir=<a finished run>`."""
     before = fingerprint(run)

@@ -4,6 +4,7 @@ marked slow)."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed import TCPStore
 
+from aiayn.callbacks import peers
 from aiayn.callbacks.peers import PeerWatch, Verdict
 
 SILENCE = 0.6  # seconds (the watches beat every SILENCE / 15 seconds, at least 0.1)
@@ -36,7 +38,12 @@ class Rank:
     """One rank's watch, with the verdicts it would end its process on."""
 
     def __init__(
-        self, rank: int, world: int, procs: list | None = None, silence: float = SILENCE
+        self,
+        rank: int,
+        world: int,
+        procs: list | None = None,
+        silence: float = SILENCE,
+        phase: int = 1,
     ) -> None:
         launcher = SimpleNamespace(procs=procs or [])
         self.trainer = SimpleNamespace(
@@ -49,6 +56,7 @@ class Rank:
         self.verdicts: list[Verdict] = []
         self.ended = threading.Event()
         self.watch.on_verdict = self._record
+        peers._PHASES = itertools.count(phase)  # each rank a process of its own: its fit `phase`
         self.watch.setup(self.trainer, None, "fit")
 
     def _record(self, verdict: Verdict) -> None:
@@ -96,7 +104,9 @@ def test_after_a_failed_collective_the_dead_rank_is_named_once(store, tmp_path):
     ranks[1].die()
     errors = [None, None]
 
-    def fail(i: int) -> None:
+    def fail(i: int) -> None:  # as Lightning, then aiayn.training.run, handle the error
+        lost = RuntimeError("[gloo] Connection reset by peer [127.0.0.1]:1234")
+        ranks[i].watch.on_exception(ranks[i].trainer, None, lost)
         errors[i // 2] = ranks[i].watch.error("Connection reset by peer")
 
     threads = [threading.Thread(target=fail, args=(i,)) for i in (0, 2)]
@@ -127,7 +137,7 @@ def test_a_lost_store_names_rank_0_which_holds_it(monkeypatch):
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
         monkeypatch.setenv("MASTER_PORT", str(port))
         monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-        rank = Rank(1, 2, silence=60)
+        rank = Rank(1, 2, silence=15)  # beats every second; never silent long enough
         time.sleep(1)
         assert not rank.verdicts
     finally:
@@ -153,3 +163,27 @@ def test_a_verdict_survives_the_store():
     verdict = Verdict((2, 5), "exit code -9, 1", True)
     assert Verdict.decode(verdict.encode(), reporter=True) == verdict
     assert Verdict.decode(Verdict((), "x|y", False).encode(), reporter=False).dead == ()
+
+
+def test_a_rank_stopped_by_a_signal_is_not_named(store):
+    """SIGTERM or Ctrl-C stops every rank (Lightning calls `on_exception`, no `teardown`):
+    the stopped rank is marked finished and its neighbour does not name it."""
+    ranks = [Rank(r, 2) for r in range(2)]
+    ranks[1].watch.on_exception(ranks[1].trainer, None, SystemExit())
+    assert ranks[1].watch._thread is None  # no more beats, as when its process has ended
+    time.sleep(4 * SILENCE)
+    assert ranks[0].verdicts == []
+    ranks[0].watch.on_exception(ranks[0].trainer, None, KeyboardInterrupt())
+    assert ranks[0].watch._thread is None
+
+
+def test_the_next_job_of_a_multirun_is_watched_afresh(store):
+    """Jobs of one launch share its store: a second fit watches under keys of its own, so
+    the first job's finished marks do not hide a rank that dies in the second."""
+    first = [Rank(r, 2) for r in range(2)]
+    for rank in first:
+        rank.watch.teardown(rank.trainer, None, "fit")
+    second = [Rank(r, 2, phase=2) for r in range(2)]  # each process's second fit
+    second[1].die()
+    assert second[0].ended.wait(10)
+    assert second[0].verdicts[0].dead == (1,)

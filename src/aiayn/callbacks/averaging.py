@@ -58,6 +58,7 @@ class AverageCheckpoints(L.Callback):
         """Take up this directory's snapshots up to the starting step (a resume: the step is
         restored by now, unlike at `on_fit_start`); delete the others (a later part of an
         attempt that was not kept, or a run before this one)."""
+        self._step = trainer.global_step  # taken before the checkpoint: on every rank alike
         if not trainer.is_global_zero:
             return
         found = []
@@ -76,7 +77,7 @@ class AverageCheckpoints(L.Callback):
 
     def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
-        if step == self._step or (self.snapshots and self.snapshots[-1][0] == step):
+        if step == self._step:  # the same decision on every rank (fsdp gathers below)
             return
         self._step = step
         weights = whole_state_dict(pl_module, trainer.is_global_zero)  # fsdp: collective

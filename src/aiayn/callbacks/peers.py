@@ -21,6 +21,8 @@ also watches the processes it started, and ends the others as Lightning's own ob
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
 import os
 import sys
 import threading
@@ -36,9 +38,12 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from aiayn.errors import DistributedError
 
+log = logging.getLogger(__name__)
+
 # what torch.distributed (gloo) says when another process of the run is gone
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 STORE_TIMEOUT_S = 10  # a store request that takes longer: its holder is gone
+_PHASES = itertools.count(1)  # fits and tests of this process (multirun jobs share the store)
 
 
 def peer_gone(error: BaseException) -> str | None:
@@ -75,7 +80,6 @@ class PeerWatch(L.Callback):
         self.interval = max(silence_s / 15, 0.1)
         self.last_checkpoint = Path(last_checkpoint) if last_checkpoint else None
         self.on_verdict: Callable[[Verdict], None] = self._end_process
-        self._phase = 0  # each fit and test of this process: the same sequence on every rank
         self._trainer: L.Trainer | None = None
         self._store: Any = None
         self._prefix = ""
@@ -87,7 +91,7 @@ class PeerWatch(L.Callback):
     # -- Lightning hooks -------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._phase += 1
+        phase = next(_PHASES)  # the same sequence on every rank
         if trainer.world_size == 1:
             return
         self._store = _client()
@@ -95,34 +99,46 @@ class PeerWatch(L.Callback):
             rank_zero_warn("no MASTER_ADDR/MASTER_PORT store: a dead rank is not watched for")
             return
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self._trainer, self._prefix = trainer, f"aiayn/peers/{restart}/{self._phase}"
+        self._trainer, self._prefix = trainer, f"aiayn/peers/{restart}/{phase}"
         self._verdict, self._stop = None, threading.Event()
         self._thread = threading.Thread(target=self._watch, name="aiayn-peer-watch", daemon=True)
         self._thread.start()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._finish(done=True)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        """Lightning calls no `teardown` after an exception. A collective that failed on a
+        dead peer (gloo) names it now; a stop by a signal (every rank stops) ends the watch
+        as a finish does; any other error stops this rank's beats, so the others find it
+        silent and end too (it prints its own error)."""
+        seen = peer_gone(exception)
+        if seen is not None and self._thread is not None:
+            self._finish(done=False)
+            self._find(f"rank {self._rank} saw '{seen}'", after_error=True)
+        else:
+            self._finish(done=isinstance(exception, (SystemExit, KeyboardInterrupt)))
+
+    def _finish(self, done: bool) -> None:
+        """Stop beating; `done`: and tell the others not to watch this rank any more."""
         if self._thread is None:
             return
         self._stop.set()
         self._thread.join()
         self._thread = None
-        with contextlib.suppress(RuntimeError):  # the store's holder may have finished first
-            self._store.set(self._key("done", trainer.global_rank), "1")  # stop watching me
+        if done:
+            with contextlib.suppress(RuntimeError):  # its holder may have finished first
+                self._store.set(self._key("done", self._rank), "1")
 
     # -- what the run reports -------------------------------------------------------------
 
     def error(self, seen: str) -> DistributedError:
         """The error of this process after a collective failed with `seen` (`PEER_GONE`):
-        the dead ranks named where they can be found, quiet where another process names
-        them."""
-        after_error = f"rank {self._rank} saw '{seen}'"
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            if self._verdict is None:
-                self._find(after_error, after_error=True)
-        verdict = self._verdict or Verdict((), after_error, True)
+        the dead ranks named where they could be found (`on_exception`), quiet where another
+        process names them."""
+        verdict = self._verdict or Verdict((), f"rank {self._rank} saw '{seen}'", True)
         error = DistributedError(self._line(verdict))
         error.quiet = not verdict.reporter
         return error
@@ -151,8 +167,11 @@ class PeerWatch(L.Callback):
                         last, since = count, time.monotonic()
                     elif time.monotonic() - since >= self.silence_s:
                         verdict = self._find(f"not heard from for {self.silence_s:g} s")
-            except RuntimeError:  # the store's holder is gone
+                        since = time.monotonic()  # none gone after all: watch on
+            except RuntimeError:  # the store's holder is gone (torch's store errors)
                 verdict = self._conclude(self._store_lost())
+            except Exception as error:  # a bug here must not silence this rank's beats
+                log.warning("peer watch: %s: %s", type(error).__name__, error)
             if verdict is not None and not self._stop.is_set():
                 self.on_verdict(verdict)
                 return
@@ -173,10 +192,11 @@ class PeerWatch(L.Callback):
         text = self._store.get(self._key("verdict")).decode()
         return self._conclude(Verdict.decode(text, reporter=False))
 
-    def _find(self, why: str, after_error: bool = False) -> Verdict:
+    def _find(self, why: str, after_error: bool = False) -> Verdict | None:
         """The silent ranks: counters that stand still over a few beats, of ranks that have
         neither finished nor failed on their own (`after_error`: this process's collective
-        failed and its thread has stopped, so it is marked as failed)."""
+        failed and its thread has stopped, so it is marked as failed). None where a silence
+        had none behind it (a rank starved for a while)."""
         try:
             if after_error:
                 self._store.set(self._key("failed", self._rank), "1")
@@ -196,6 +216,8 @@ class PeerWatch(L.Callback):
                 and not self._store.check([self._key("done", r)])
                 and not self._store.check([self._key("failed", r)])
             ]
+            if not gone and not after_error:
+                return None
             verdict = Verdict(tuple(gone), why, True)
             text = self._store.compare_set(self._key("verdict"), "", verdict.encode()).decode()
             return self._conclude(Verdict.decode(text, reporter=text == verdict.encode()))

@@ -49,7 +49,7 @@ from aiayn.errors import ConfigError, StoppedError, writing
 from aiayn.inference.checkpoint import model_weights, read_checkpoint
 from aiayn.kernels.allocator import keep_freed_memory
 from aiayn.kernels.compiled import resolve_compile
-from aiayn.launchers import external_launch
+from aiayn.launchers import external_launch, started_by_lightning
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
 from aiayn.schema import plain, to_schema
@@ -552,8 +552,8 @@ def _stop_signal(trainer: L.Trainer, stop: SystemExit) -> str | None:
     (after a KeyboardInterrupt it interrupts the trainer and exits 1), else None."""
     if isinstance(stop, SIGTERMException):
         return "SIGTERM"
-    if stop.code == 1 and trainer.interrupted:
-        return "SIGINT"
+    if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
+        return "SIGINT"  # Lightning exits while it handles the KeyboardInterrupt
     return None
 
 
@@ -584,6 +584,8 @@ def _stopped(trainer: L.Trainer, output_dir: Path, name: str, stage: str) -> Sto
         how = f"resume with ckpt_path={last} (update {saved})"
     error = StoppedError(f"{where}; {how}", 128 + getattr(signal, name))
     error.quiet = trainer.global_rank != 0  # one line for the run: rank 0's
+    if started_by_lightning():  # exit 0: Lightning's launcher kills rank 0 on a non-zero one
+        error.exit_code = 0
     if _in_multirun():
         error.ends_sweep = jobs_not_run()
     return error

@@ -218,12 +218,19 @@ def _set_aside(job: Path) -> None:
     log.info("job %s stopped before its first checkpoint: starting again", job.name)
 
 
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
 def jobs_not_run() -> str:
     """Which jobs of the running multirun come after this one (Hydra's basic sweeper runs
-    them in order), and how to relaunch the sweep."""
+    them in order), and how to relaunch the sweep; "" where the jobs do not run one after
+    another in this process (submitit's, each a job of its own, whose stop is one failed
+    job)."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra = HydraConfig.get()
+    if OmegaConf.select(hydra, "launcher._target_") != BASIC_LAUNCHER:
+        return ""
     number = int(hydra.job.num)
     try:
         sweep = OmegaConf.load(Path(hydra.sweep.dir) / "multirun.yaml")  # the whole grid
