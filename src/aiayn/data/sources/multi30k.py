@@ -277,15 +277,26 @@ class _Deadline:
 
     def __init__(self, url: str) -> None:
         self.url, self.expired, self.sockets = url, False, []
-        self.opener = urllib.request.build_opener(_Handler(self.sockets))
+        self.opener = urllib.request.build_opener(_Handler(self))
         self._timer = threading.Timer(DEADLINE_S, self._expire)
         self._timer.daemon = True
 
     def _expire(self) -> None:
         self.expired = True
         for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            self.cut(sock)
+
+    def watch(self, sock: socket.socket) -> None:
+        """A socket of this download, cut at once where the deadline has passed already (a
+        redirect's connection opened as the timer fired)."""
+        self.sockets.append(sock)
+        if self.expired:
+            self.cut(sock)
+
+    @staticmethod
+    def cut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
     def check(self) -> None:
         if self.expired:
@@ -304,30 +315,30 @@ class _Deadline:
 
 
 class _Handler(urllib.request.HTTPSHandler, urllib.request.HTTPHandler):
-    """urllib's HTTP and HTTPS handlers, whose connections add their socket to `sockets`."""
+    """urllib's HTTP and HTTPS handlers, whose connections `deadline` watches."""
 
-    def __init__(self, sockets: list[socket.socket]) -> None:
+    def __init__(self, deadline: _Deadline) -> None:
         super().__init__()
-        self.sockets = sockets
+        self.deadline = deadline
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(functools.partial(_Watched, self.sockets), req)
+        return self.do_open(functools.partial(_Watched, self.deadline), req)
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        watched = functools.partial(_WatchedTLS, self.sockets)
+        watched = functools.partial(_WatchedTLS, self.deadline)
         return self.do_open(watched, req, context=self._context)
 
 
 class _Watch:
-    """A connection that adds its socket to `sockets` once connected (TLS: the wrapped one)."""
+    """A connection whose socket `deadline` watches once connected (TLS: the wrapped one)."""
 
-    def __init__(self, sockets: list[socket.socket], *args, **kwargs) -> None:
+    def __init__(self, deadline: _Deadline, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.sockets = sockets
+        self.deadline = deadline
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]
-        self.sockets.append(self.sock)  # type: ignore[attr-defined]
+        self.deadline.watch(self.sock)  # type: ignore[attr-defined]
 
 
 class _Watched(_Watch, http.client.HTTPConnection):
