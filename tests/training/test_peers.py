@@ -122,9 +122,10 @@ def test_after_a_failed_collective_the_dead_rank_is_named_once(store, tmp_path):
     assert not ranks[0].verdicts and not ranks[2].verdicts  # the threads stopped, no exit
 
 
-def test_a_lost_store_names_rank_0_which_holds_it(monkeypatch):
+def test_a_lost_store_names_rank_0_which_holds_it_in_one_line(monkeypatch, tmp_path):
     """The store lives in another process (rank 0's, as under Lightning's launcher or srun);
-    when it is killed, rank 1 names rank 0 at its next beat, long before the silence."""
+    when it is killed, ranks 1 and 2 name rank 0 at their next beat, long before the
+    silence, and only the first to mark it beside the checkpoints prints the line."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
@@ -132,23 +133,29 @@ def test_a_lost_store_names_rank_0_which_holds_it(monkeypatch):
     serve += f"TCPStore; s = TCPStore('127.0.0.1', {port}, is_master=True); "
     serve += "print('up', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+    (tmp_path / "checkpoints").mkdir()
     try:
         assert holder.stdout.readline() == "up\n"
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
         monkeypatch.setenv("MASTER_PORT", str(port))
         monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-        rank = Rank(1, 2, silence=15)  # beats every second; never silent long enough
+        ranks = []
+        for r in (1, 2):
+            rank = Rank(r, 3, silence=15)  # beats every second; never silent long enough
+            rank.watch.last_checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+            ranks.append(rank)
         time.sleep(1)
-        assert not rank.verdicts
+        assert not any(rank.verdicts for rank in ranks)
     finally:
         holder.kill()
         holder.wait()
-    assert rank.ended.wait(30)
-    (verdict,) = rank.verdicts
-    assert verdict == Verdict(
-        (0,), f"the store it holds at 127.0.0.1:{port} stopped answering", True
-    )
-    assert rank.watch._line(verdict).startswith("rank 0 of this 2-process run died near update 7")
+    assert all(rank.ended.wait(30) for rank in ranks)
+    verdicts = [rank.verdicts[0] for rank in ranks]
+    why = f"the store it holds at 127.0.0.1:{port} stopped answering"
+    assert [(v.dead, v.why) for v in verdicts] == [((0,), why)] * 2
+    assert sorted(v.reporter for v in verdicts) == [False, True]  # one line
+    line = ranks[0].watch._line(verdicts[0])
+    assert line.startswith("rank 0 of this 3-process run died near update 7")
 
 
 def test_rank_0_names_a_process_of_lightnings_launcher_that_ended(store):

@@ -225,10 +225,28 @@ class PeerWatch(L.Callback):
             return self._conclude(self._store_lost())
 
     def _store_lost(self) -> Verdict:
+        """Its holder is gone: every survivor finds that alone; the first to create a marker
+        beside the run's checkpoints (a shared file system, as checkpoints need) says so."""
         address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        reporter = self._first_to_mark(f".store-lost-{address.replace(':', '-')}-{self._prefix}")
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            return Verdict((), f"the first node's torchrun agent (store {address}) is gone", True)
-        return Verdict((0,), f"the store it holds at {address} stopped answering", True)
+            why = f"the first node's torchrun agent (store {address}) is gone"
+            return Verdict((), why, reporter)
+        return Verdict((0,), f"the store it holds at {address} stopped answering", reporter)
+
+    def _first_to_mark(self, name: str) -> bool:
+        """Whether this process creates `name` first, beside `last_checkpoint` (True where
+        there is no such directory: each process then speaks for itself)."""
+        if self.last_checkpoint is None or not self.last_checkpoint.parent.is_dir():
+            return True
+        marker = self.last_checkpoint.parent / name.replace("/", "-")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        except OSError:
+            return True
+        return True
 
     def _conclude(self, verdict: Verdict) -> Verdict:
         """This process's one verdict: the first found is kept."""
