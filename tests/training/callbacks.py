@@ -127,3 +127,15 @@ class RecordIds(L.Callback):
 
         with open(f"{self.path}.{trainer.global_rank}", "a") as file:
             file.write(json.dumps([trainer.current_epoch, batch.ids.tolist()]) + "\n")
+
+
+class TermInTest(L.Callback):
+    """SIGTERM to the process at the start of the test's first batch, only on DDP rank
+    `rank` when given."""
+
+    def __init__(self, rank: int | None = None) -> None:
+        self.rank = rank
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0 and self.rank in (None, trainer.global_rank):
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -495,6 +495,26 @@ def test_a_sigterm_stops_every_rank_at_the_next_log_step(ranks, tmp_path):
     assert csv_metrics(run_dir)["step"] == [3.0, 7.0]  # the log steps of updates 4 and 8
 
 
+@pytest.mark.slow
+def test_a_sigterm_in_the_test_of_two_processes_is_noted_and_the_test_completed(tmp_path):
+    """SIGTERM to rank 1 at the test's first batch: no collective in the signal handler (on
+    f5393e6, Lightning's broadcast there met another collective: a hang or "another process
+    died"); the test is completed and the run ends as finished."""
+    args = [*cli_overrides(tmp_path), *TOY, "trainer.max_steps=4", "trainer.max_epochs=-1"]
+    args += ["trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=4"]
+    args += ["trainer.accelerator=cpu", "trainer.devices=2", "test=true"]
+    args += ["+callbacks.term._target_=tests.training.callbacks.TermInTest"]
+    args += ["+callbacks.term.rank=1"]
+    result = cli(args, tmp_path, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "[rank: 1] Received SIGTERM" in output
+    assert "SIGTERM during the test: the test was completed first" in output
+    (run_dir,) = run_dirs(tmp_path)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["finished"] is True and "test/bleu" in metrics["test"]
+
+
 def test_a_short_training_run_has_the_same_loss_curve_on_either_kernels(tmp_path):
     """kernels=torch (the GPU's code path) and kernels=cpu train the same: the same logged
     losses, update by update (no dropout: the two draw their masks from different streams)."""

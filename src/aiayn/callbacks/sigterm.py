@@ -18,7 +18,9 @@ Lightning stops them all after that same step with `SIGTERMException` (loggers f
 failed), as it stops one process. A signal to any one rank stops the run (Lightning's own
 broadcast only carried rank 0's), at most one log interval later (Lightning's proposal
 `broadcast_sigterm_every_n_steps`, pull request #21640, has the same delay). One process
-keeps Lightning's handling, as does `trainer.test`. `aiayn.training.run` adds it to every run.
+keeps Lightning's handling. In `trainer.test` of several processes, which has no log steps to
+agree at, a SIGTERM is noted and passed on, and the test (minutes) is completed: Lightning's
+broadcast in the handler would hang it as in fit. `aiayn.training.run` adds it to every run.
 """
 
 from __future__ import annotations
@@ -50,17 +52,22 @@ class SigtermAtLogSteps(L.Callback):
         lightnings = hasattr(loop, "_broadcast_sigterm_tensor") and hasattr(
             connector, "_sigterm_notifier_fn"
         )
-        if stage != "fit" or trainer.world_size == 1 or not lightnings:
+        if stage not in ("fit", "test") or trainer.world_size == 1 or not lightnings:
             return  # one process, or a Lightning that handles SIGTERM otherwise
         self._trainer, self._received = trainer, False
-        loop._broadcast_sigterm_tensor = _no_broadcast
-        connector._sigterm_notifier_fn = self._note  # fit registers it after setup
+        connector._sigterm_notifier_fn = self._note  # fit and test register it after setup
+        if stage == "fit":
+            loop._broadcast_sigterm_tensor = _no_broadcast
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._trainer is not None:
-            del trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor  # Lightning's again
+        if stage in ("fit", "test") and self._trainer is not None:
+            if stage == "fit":
+                del trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor  # Lightning's again
             del trainer._signal_connector._sigterm_notifier_fn
             self._trainer = None
+            if stage == "test" and self._received:
+                done = "SIGTERM during the test: the test was completed first"
+                log.info(rank_prefixed_message(done, trainer.local_rank))
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: no collective here, the ranks agree at the next log step."""
