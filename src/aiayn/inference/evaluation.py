@@ -27,10 +27,9 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from aiayn.console import progress
-from aiayn.data import read_split
 from aiayn.data.config import DataConfig
 from aiayn.data.sources import get_source
-from aiayn.data.sources.base import FileSource
+from aiayn.data.sources.base import FileSource, Source
 from aiayn.errors import ConfigError, DataError, writing
 from aiayn.inference.checkpoint import run_data_config
 from aiayn.inference.config import EvalConfig
@@ -135,12 +134,11 @@ def score(
     return result
 
 
-def _data_files(data: DataConfig) -> dict[str, list[Path]]:
-    """The local files of `data`'s corpus (none for a generated or downloaded-by-name one)."""
-    source = get_source(data)
-    if not isinstance(source, FileSource):
+def _files(corpus: Source) -> dict[str, list[Path]]:
+    """The local files of `corpus` (none for a generated or downloaded-by-name one)."""
+    if not isinstance(corpus, FileSource):
         return {}
-    return {"a file of the corpus": [path for paths in source.files().values() for path in paths]}
+    return {"a file of the corpus": [path for paths in corpus.files().values() for path in paths]}
 
 
 def run(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -164,9 +162,10 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     )
     translator = translator.with_settings(config.decode.given(), config.on_long)
     data = config.data or _data_of(config.ckpt_path, translator)
+    corpus = get_source(data)  # one source: its files are found (and checked) once
     for name in written:  # the corpus is known now: the references are inputs too
-        check_output(Path(config.paths.output_dir) / name, "paths.output_dir's", _data_files(data))
-    sources, references = read_split(data, config.split)
+        check_output(Path(config.paths.output_dir) / name, "paths.output_dir's", _files(corpus))
+    sources, references = corpus.read(config.split)
     if config.mode == "score":
         with writing(config.paths.output_dir):
             return _score_references(config, translator, sources, references)
