@@ -71,6 +71,16 @@ class PathsConfig:
     output_dir: str = "."
 
 
+def command_line_keys() -> set[str] | None:
+    """The dotted keys given on this Hydra job's command line (`+`/`++`/`~` stripped), or
+    None outside a Hydra job (a library call, a saved config)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return {o.lstrip("+~").split("=", 1)[0] for o in HydraConfig.get().overrides.task}
+
+
 def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:
     """Merge `cfg` onto the dataclass `schema` and build it; errors name the dotted key.
 

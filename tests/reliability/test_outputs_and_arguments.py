@@ -381,12 +381,19 @@ def test_a_deprecated_data_key_still_works(override, tmp_path):
     assert getattr(getattr(data, owner), key) == value
 
 
-def test_a_deprecated_key_that_disagrees_names_the_new_key(tmp_path):
+def test_a_deprecated_key_overrides_its_preset_and_is_refused_only_beside_its_new_key(tmp_path):
+    """`data=hf data.hf_name=json` trains on `json`, as before the new keys (the preset's
+    `hf.name: wmt14` gives way, with a warning); giving `data.hf.name` on the command line too,
+    with another value, is refused naming the new key."""
     from aiayn.config import TrainConfig
     from aiayn.schema import to_schema
     from tests.helpers import compose_train
 
     cfg = compose_train(["data=hf", "data.hf_name=json"], tmp_path / "out")
+    assert to_schema(cfg, TrainConfig).data.hf.name == "json"
+    cfg = compose_train(["data=hf", "data.hf.name=json", "data.hf_name=json"], tmp_path / "o")
+    assert to_schema(cfg, TrainConfig).data.hf.name == "json"
+    cfg = compose_train(["data=hf", "data.hf.name=text", "data.hf_name=json"], tmp_path / "o")
     with pytest.raises(ConfigError) as error:
         to_schema(cfg, TrainConfig)
     assert "give data.hf.name='json' instead of data.hf_name" in str(error.value)

@@ -17,6 +17,7 @@ from aiayn.data.sources.files import FilesConfig
 from aiayn.data.sources.hf import HFConfig
 from aiayn.data.sources.multi30k import Multi30kConfig
 from aiayn.data.sources.toy import ToyConfig
+from aiayn.schema import command_line_keys
 
 __all__ = ["ALIASES", "ROLES", "DataConfig", "TokenizerConfig", "positive_int"]
 
@@ -133,7 +134,11 @@ class DataConfig:
 
     def _apply_aliases(self) -> None:
         """Move each deprecated flat key that is set onto its new key, with a warning (none
-        when it already holds that value, as in configs saved before the change)."""
+        when it already holds that value, as in configs saved before the change). The alias
+        wins over a preset's value (`data=hf data.hf_name=json`), as it did before the new
+        keys; it is refused only where the new key was given too: on the command line in a
+        Hydra job, else anywhere it is not at its default."""
+        given = command_line_keys()
         for old, new in ALIASES.items():
             value = getattr(self, old)
             if value is None or value == {}:  # unset (hf_data_files' old default: {})
@@ -143,9 +148,14 @@ class DataConfig:
             settings = getattr(self, owner)
             current = getattr(settings, key)
             default = {f.name: f for f in fields(settings)}[key]
-            untouched = current == (
-                default.default_factory() if callable(default.default_factory) else default.default
-            )
+            if given is not None:
+                untouched = f"data.{new}" not in given
+            else:
+                untouched = current == (
+                    default.default_factory()
+                    if callable(default.default_factory)
+                    else default.default
+                )
             if value != current and not untouched:
                 raise ValueError(
                     f"data.{old}={value!r} (deprecated) and data.{new}={current!r} disagree: "
