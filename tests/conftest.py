@@ -18,6 +18,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # commands) go to a directory of this session's, never into the checkout's logs/
 LOG_DIR = tempfile.mkdtemp(prefix="aiayn-test-logs-")
 os.environ["AIAYN_LOG_DIR"] = LOG_DIR
+# checkpoints' CTranslate2 conversions: this session's, never the user's ~/.cache
+os.environ["AIAYN_CACHE_DIR"] = os.path.join(LOG_DIR, "cache")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,7 +7,8 @@ would change something the command does not own:
   references), compared by device and inode after resolving symlinks, so a path, a symlink
   chain or a hard link to an input all count; '-' stands for standard input or output;
 - a record of a run (an existing file under a directory with `.hydra/`: `.hydra/*`,
-  `checkpoints/*`, `csv/*`, `metrics.json`, a `*.ckpt` or a `*.ct2/` conversion);
+  `checkpoints/*`, `csv/*`, `metrics.json`, a `*.ckpt`, or a `*.ct2/` conversion that
+  earlier versions kept beside a checkpoint);
 - a file of a CTranslate2 export (an existing `model.bin`, `aiayn.json`, ... beside an
   `aiayn.json`), or any existing `*.ckpt` where the command does not write checkpoints;
 - a symbolic link to a regular file, a directory or nothing (writing would go through it:

@@ -225,23 +225,38 @@ def test_int8_stays_close_to_float32(exported, translator, sources):
     assert sum(diffs) / len(diffs) < 0.35 and max(diffs) < 2.0, diffs
 
 
-def test_conversion_is_cached_beside_the_checkpoint_and_refreshed(ckpt, tmp_path):
-    copy = tmp_path / "last.ckpt"
+def test_conversion_is_cached_outside_the_run_by_content_and_refreshed(ckpt, tmp_path, monkeypatch):
+    """The conversion goes to AIAYN_CACHE_DIR/ct2/<SHA-256 of the checkpoint>, nothing beside
+    the checkpoint; it is reused, shared by a copy of the same bytes, and made again when the
+    checkpoint is rewritten, the conversion made from its earlier bytes dropped."""
+    import hashlib
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    run.mkdir()
+    copy = run / "last.ckpt"
     copy.write_bytes(ckpt.read_bytes())
     first = cached_export(copy)
-    assert first == tmp_path / "last.ckpt.ct2" and (first / "model.bin").is_file()
+    digest = hashlib.sha256(copy.read_bytes()).hexdigest()
+    assert first == tmp_path / "cache" / "ct2" / digest and (first / "model.bin").is_file()
+    assert [p.name for p in run.iterdir()] == ["last.ckpt"]
     stamp = (first / "model.bin").stat().st_mtime_ns
     assert cached_export(copy) == first and (first / "model.bin").stat().st_mtime_ns == stamp
+    twin = tmp_path / "twin.ckpt"
+    twin.write_bytes(copy.read_bytes())
+    assert cached_export(twin) == first and (first / "model.bin").stat().st_mtime_ns == stamp
     checkpoint = torch.load(copy, weights_only=True)
     key = next(k for k in checkpoint["state_dict"] if k.endswith("output.weight"))
     checkpoint["state_dict"][key] = checkpoint["state_dict"][key] * 0.5  # a rewritten ckpt
     torch.save(checkpoint, copy)
-    assert cached_export(copy) == first
-    metadata = json.loads((first / "aiayn.json").read_text())
-    assert (first / "model.bin").stat().st_mtime_ns != stamp
-    assert metadata["checkpoint_sha256"] != ""
+    second = cached_export(copy)
+    metadata = json.loads((second / "aiayn.json").read_text())
+    assert second != first and metadata["checkpoint_sha256"] == second.name
+    assert metadata["checkpoint"] == str(copy.resolve())
+    assert [p.name for p in second.parent.iterdir()] == [second.name]  # the earlier one: gone
     translator = load_translator(str(copy), "cpu", engine="ctranslate2")
-    assert isinstance(translator, CT2Translator) and translator.directory == first
+    assert isinstance(translator, CT2Translator) and translator.directory == second
+    assert [p.name for p in run.iterdir()] == ["last.ckpt"]
 
 
 @pytest.mark.slow

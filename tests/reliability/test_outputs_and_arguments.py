@@ -494,12 +494,13 @@ def test_an_intact_export_without_a_digest_still_decodes(exported, tmp_path):
 
 
 def test_concurrent_builds_of_one_conversion_cache_all_succeed(run_copy, monkeypatch):
-    """Three decoders at once on a checkpoint without its `<ckpt>.ct2`: each builds in its own
+    """Three decoders at once on a checkpoint not yet converted: each builds in its own
     directory (all three held until each has written its model, so that they race to put it
-    in place); the first rename wins and the others use its conversion."""
+    in place); the first rename wins and the others use its conversion. Nothing is written
+    into the run."""
     pytest.importorskip("ctranslate2")
     from aiayn.export import ctranslate2
-    from aiayn.export.ctranslate2 import cached_export, read_metadata
+    from aiayn.export.ctranslate2 import cached_export, file_digest, read_metadata
 
     together = threading.Barrier(3, timeout=30)
     save_spec = ctranslate2.save_spec
@@ -510,7 +511,9 @@ def test_concurrent_builds_of_one_conversion_cache_all_succeed(run_copy, monkeyp
 
     monkeypatch.setattr(ctranslate2, "save_spec", save_then_wait)
 
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(run_copy.parent / "cache"))
     ckpt = run_copy / "checkpoints" / "last.ckpt"
+    before = fingerprint(run_copy)
     results: list[object] = []
 
     def build() -> None:
@@ -524,10 +527,11 @@ def test_concurrent_builds_of_one_conversion_cache_all_succeed(run_copy, monkeyp
         thread.start()
     for thread in threads:
         thread.join()
-    cache = ckpt.with_name("last.ckpt.ct2")
+    cache = run_copy.parent / "cache" / "ct2" / file_digest(ckpt)
     assert results == [cache] * 3, results
     assert read_metadata(cache)["model_sha256"]
-    assert not [p.name for p in ckpt.parent.iterdir() if p.name.startswith(".last.ckpt.ct2")]
+    assert [p.name for p in cache.parent.iterdir()] == [cache.name]  # no staging left
+    assert fingerprint(run_copy) == before
 
 
 # ------------------------------------------------------------------ bounded time and memory

@@ -35,7 +35,7 @@ COMMANDS = {  # command: (its config, what it needs besides hydra.run.dir)
 def run(run_dir: Path, tmp_path: Path) -> Path:
     """A copy of the shared finished run, to point commands at."""
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.ct2"))
+    shutil.copytree(run_dir, copy)
     return copy
 
 

@@ -36,7 +36,7 @@ def fingerprint(root: Path) -> dict[str, str]:
 def run_copy(run_dir: Path, tmp_path: Path) -> Path:
     """A copy of the shared trained run (its checkpoints, .hydra/), for a case to attack."""
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.ct2"))
+    shutil.copytree(run_dir, copy)
     return copy
 
 
@@ -205,19 +205,25 @@ def test_a_damaged_export_is_named_before_it_decodes(fault, exported, tmp_path):
 @pytest.mark.parametrize("occupant", ["a file", "a directory of someone's files"])
 def test_the_conversion_cache_path_taken_by_something_else_is_named(occupant, run_copy):
     pytest.importorskip("ctranslate2")
+    from aiayn.export.ctranslate2 import conversion_cache, file_digest
     from aiayn.inference.ct2 import load_translator
 
     ckpt = run_copy / "checkpoints" / "last.ckpt"
-    cache = ckpt.with_name("last.ckpt.ct2")
+    cache = conversion_cache() / file_digest(ckpt)
+    cache.parent.mkdir(parents=True, exist_ok=True)
     if occupant == "a file":
         cache.write_text("mine\n")
     else:
         cache.mkdir()
         (cache / "notes.txt").write_text("mine\n")
-    before = fingerprint(run_copy)
-    with pytest.raises(CheckpointError, match=r"last\.ckpt\.ct2, where the CTranslate2"):
+    before = fingerprint(run_copy), fingerprint(cache.parent)
+    with pytest.raises(CheckpointError, match=rf"{cache.name}, where the CTranslate2"):
         load_translator(str(ckpt), "cpu", engine="ctranslate2")
-    assert fingerprint(run_copy) == before
+    assert (fingerprint(run_copy), fingerprint(cache.parent)) == before
+    if occupant == "a file":
+        cache.unlink()
+    else:
+        shutil.rmtree(cache)
 
 
 # ------------------------------------------------------------------ averaging: what -o may replace

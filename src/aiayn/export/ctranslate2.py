@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import struct
 import tempfile
@@ -358,24 +359,52 @@ def check_replaceable(output_dir: Path, force: bool) -> None:
         ) from None
 
 
+def conversion_cache() -> Path:
+    """Where checkpoints' CTranslate2 conversions are kept: ``AIAYN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/aiayn``, else ``~/.cache/aiayn``; each under ``ct2/<SHA-256>/``. Never
+    inside a run: evaluating or translating a run writes nothing into it."""
+    root = os.environ.get("AIAYN_CACHE_DIR")
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aiayn")
+    return Path(root) / "ct2"
+
+
 def cached_export(ckpt_path: str | Path) -> Path:
-    """The float32 conversion of `ckpt_path`, kept beside it in `<ckpt>.ct2/`; converted on
-    first use and again whenever the checkpoint's bytes change (e.g. last.ckpt rewritten)."""
+    """The float32 conversion of `ckpt_path`, kept in `conversion_cache()` under the SHA-256
+    of its bytes: converted on first use, again whenever the checkpoint's bytes change (e.g.
+    last.ckpt rewritten), and shared by copies of the same checkpoint."""
     ckpt_path = Path(ckpt_path)
     if not ckpt_path.is_file():
         raise CheckpointError(
             f"checkpoint {ckpt_path} not found: give ckpt_path=<run dir>/checkpoints/best.ckpt"
         )
-    cache = ckpt_path.with_name(ckpt_path.name + ".ct2")
+    digest = file_digest(ckpt_path)
+    cache = conversion_cache() / digest
     if cache.exists() and not (cache / METADATA).is_file():
         raise CheckpointError(
             f"{cache}, where the CTranslate2 conversion of {ckpt_path.name} is kept, is taken "
-            "by something else: move it away, or give ct2_path=<an exported directory>"
+            "by something else: move it away (or set AIAYN_CACHE_DIR), or give "
+            "ct2_path=<an exported directory>"
         )
-    digest = file_digest(ckpt_path)
     if _converts(cache, digest):
         return cache
-    return _convert(ckpt_path, cache, "float32", digest)
+    converted = _convert(ckpt_path, cache, "float32", digest)
+    _drop_earlier_conversions(ckpt_path, keep=converted)
+    return converted
+
+
+def _drop_earlier_conversions(ckpt_path: Path, keep: Path) -> None:
+    """Remove the cached conversions of earlier bytes of `ckpt_path` (a `last.ckpt` since
+    rewritten), so that decoding a training run again and again keeps one conversion."""
+    path = str(ckpt_path.resolve())
+    for entry in keep.parent.iterdir():
+        if entry == keep or entry.name.startswith("."):
+            continue
+        try:
+            if read_metadata(entry).get("checkpoint") == path:
+                _move_aside(entry)
+        except CheckpointError:
+            continue  # not a conversion: not ours to remove
 
 
 def _converts(cache: Path, digest: str) -> bool:

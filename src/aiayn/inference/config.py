@@ -28,8 +28,8 @@ class DecodingJobConfig:
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda:1', ...
     # weights for engine=torch: auto (bfloat16 on bf16 GPUs, float16 on older, float32 on CPU)
     dtype: str = "auto"
-    # torch, or ctranslate2: the checkpoint's CTranslate2 conversion (made once, cached in
-    # <ckpt>.ct2/) or ct2_path (pip install -e ".[export]")
+    # torch, or ctranslate2: the checkpoint's CTranslate2 conversion (made once, cached outside
+    # the run: aiayn.export.ctranslate2.conversion_cache) or ct2_path (pip install -e ".[export]")
     engine: str = "torch"
     ct2_path: Optional[str] = None  # noqa: UP045 (default: the checkpoint's cached conversion)
     ct2_compute_type: str = "default"  # 'int8' quantizes on load
