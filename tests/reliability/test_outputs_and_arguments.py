@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import shutil
+import socket
 import threading
 import time
 import tracemalloc
@@ -595,6 +596,62 @@ def test_a_trickling_download_ends_at_its_deadline(handler, tmp_path, monkeypatc
         server.server_close()
     assert url in str(error.value) and "timed out" in str(error.value)
     assert "in all" in str(error.value)
+    assert elapsed < 10
+    assert not [
+        p for p in (tmp_path / "cache").rglob("*") if p.is_file() and ".locks" not in p.parts
+    ]
+
+
+def _trickle_tls_handshake(server: socket.socket, stop: threading.Event) -> None:
+    """Accept connections and answer each ClientHello with a TLS record header promising
+    16 kB, then one byte of it at a time, a while apart."""
+    while not stop.is_set():
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            return
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"\x16\x03\x03\x40\x00")
+            while not stop.wait(0.05):
+                try:
+                    connection.sendall(b"\x02")
+                except OSError:
+                    break
+
+
+@pytest.mark.parametrize("stall", ["name lookup", "TLS handshake"])
+def test_a_stalled_connection_ends_at_the_download_deadline(stall, tmp_path, monkeypatch):
+    """The deadline covers connecting too: a resolver that never answers, and a server that
+    trickles its TLS handshake (each byte well within the per-read timeout)."""
+    from aiayn.data.config import DataConfig
+    from aiayn.data.prepare import prepare
+    from aiayn.data.sources import multi30k
+    from aiayn.schema import to_schema
+
+    monkeypatch.setattr(multi30k, "DEADLINE_S", 0.5)
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    stop = threading.Event()
+    server = socket.create_server(("127.0.0.1", 0))
+    if stall == "name lookup":
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: stop.wait(60))
+        url = "https://mirror.invalid/raw"
+    else:
+        threading.Thread(target=_trickle_tls_handshake, args=(server, stop), daemon=True).start()
+        url = f"https://127.0.0.1:{server.getsockname()[1]}/raw"
+    settings = {"source": "multi30k", "root": None, "test_split": "test2016"}
+    settings |= {"multi30k": {"download_url": url}, "cache_dir": str(tmp_path / "cache")}
+    start = time.monotonic()
+    try:
+        with pytest.raises(AiaynError) as error:
+            prepare(to_schema(settings, DataConfig))
+    finally:
+        stop.set()
+        server.close()
+    elapsed = time.monotonic() - start
+    assert f"downloading {url}/" in str(error.value) and "timed out" in str(error.value)
+    assert "0.5 s in all" in str(error.value)
     assert elapsed < 10
     assert not [
         p for p in (tmp_path / "cache").rglob("*") if p.is_file() and ".locks" not in p.parts

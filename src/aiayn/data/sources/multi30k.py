@@ -23,11 +23,12 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from aiayn.data.sources.base import FileSource
 from aiayn.data.sources.text import file_fingerprint
@@ -269,29 +270,73 @@ class Multi30kSource(FileSource):
 
 
 class _Deadline:
-    """`DEADLINE_S` for a whole download, connection, headers and body: every socket the
-    `opener` opens (redirects too) is shut down once it has passed, which ends a read that
-    waits on it, so a mirror that trickles its headers or its body cannot hold a download
-    longer (`TIMEOUT_S` bounds each read alone). `check()` raises the DataError once it has
-    passed."""
+    """`DEADLINE_S` for a whole download, name lookup, connection, TLS handshake, headers and
+    body (`TIMEOUT_S` bounds each read alone). The name is looked up on a thread waited for
+    only as long as is left; each connection's socket is watched from the moment it exists
+    (a duplicate of it, which outlives TLS wrapping) and shut down once the deadline has
+    passed, which ends a read or a handshake that waits on it. So a mirror that trickles its
+    handshake, headers or body, or a resolver that hangs, cannot hold a download longer.
+    `check()` raises the DataError once it has passed."""
 
     def __init__(self, url: str) -> None:
         self.url, self.expired, self.sockets = url, False, []
         self.opener = urllib.request.build_opener(_Handler(self))
+        self._end = time.monotonic() + DEADLINE_S
         self._timer = threading.Timer(DEADLINE_S, self._expire)
         self._timer.daemon = True
+        self._lock = threading.Lock()
 
     def _expire(self) -> None:
-        self.expired = True
-        for sock in self.sockets:
-            self.cut(sock)
+        with self._lock:
+            self.expired = True
+            for sock in self.sockets:
+                self.cut(sock)
+
+    def left(self) -> float:
+        """Seconds left; the DataError once there are none."""
+        left = self._end - time.monotonic()
+        if left <= 0:
+            self.expired = True
+        self.check()
+        return left
+
+    def connect(
+        self, address: tuple[str, int], timeout: Any = None, source_address: Any = None
+    ) -> socket.socket:
+        """`socket.create_connection` within the deadline: the lookup on a thread, each
+        address tried with at most the time left, the socket watched before it is returned."""
+        found: list[Any] = []
+        lookup = threading.Thread(
+            target=lambda: found.append(_lookup(*address)), daemon=True, name="aiayn-dns"
+        )
+        lookup.start()
+        lookup.join(self.left())
+        if not found:
+            self.expired = True
+            self.check()
+        if isinstance(found[0], OSError):
+            raise found[0]
+        error: OSError = OSError(f"no address for {address[0]}")
+        for *_, sockaddr in found[0]:
+            limit = self.left()
+            if isinstance(timeout, (int, float)):  # else http.client's "no timeout given"
+                limit = min(timeout, limit)
+            try:
+                sock = socket.create_connection(sockaddr[:2], limit, source_address)
+            except OSError as failed:
+                error = failed
+                continue
+            self.watch(sock.dup())
+            return sock
+        raise error
 
     def watch(self, sock: socket.socket) -> None:
         """A socket of this download, cut at once where the deadline has passed already (a
         redirect's connection opened as the timer fired)."""
-        self.sockets.append(sock)
-        if self.expired:
-            self.cut(sock)
+        with self._lock:
+            self.sockets.append(sock)
+            if self.expired:
+                self.cut(sock)
 
     @staticmethod
     def cut(sock: socket.socket) -> None:
@@ -312,10 +357,20 @@ class _Deadline:
 
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+
+def _lookup(host: str, port: int) -> list[Any] | OSError:
+    """`socket.getaddrinfo` for a TCP connection, or the error it raised."""
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    except OSError as error:
+        return error
 
 
 class _Handler(urllib.request.HTTPSHandler, urllib.request.HTTPHandler):
-    """urllib's HTTP and HTTPS handlers, whose connections `deadline` watches."""
+    """urllib's HTTP and HTTPS handlers, whose connections `deadline` makes and watches."""
 
     def __init__(self, deadline: _Deadline) -> None:
         super().__init__()
@@ -330,15 +385,11 @@ class _Handler(urllib.request.HTTPSHandler, urllib.request.HTTPHandler):
 
 
 class _Watch:
-    """A connection whose socket `deadline` watches once connected (TLS: the wrapped one)."""
+    """A connection that `deadline` opens (`_create_connection`: http.client's hook)."""
 
     def __init__(self, deadline: _Deadline, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self.deadline.watch(self.sock)  # type: ignore[attr-defined]
+        self._create_connection = deadline.connect
 
 
 class _Watched(_Watch, http.client.HTTPConnection):
