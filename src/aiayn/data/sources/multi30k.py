@@ -294,11 +294,8 @@ class _Deadline:
 
     def left(self) -> float:
         """Seconds left; the DataError once there are none."""
-        left = self._end - time.monotonic()
-        if left <= 0:
-            self.expired = True
         self.check()
-        return left
+        return self._end - time.monotonic()
 
     def connect(
         self, address: tuple[str, int], timeout: Any = None, source_address: Any = None
@@ -311,8 +308,8 @@ class _Deadline:
         )
         lookup.start()
         lookup.join(self.left())
-        if not found:
-            self.expired = True
+        if not found:  # still looking: the deadline has passed
+            self._end = time.monotonic()
             self.check()
         if isinstance(found[0], OSError):
             raise found[0]
@@ -344,7 +341,9 @@ class _Deadline:
             sock.shutdown(socket.SHUT_RDWR)
 
     def check(self) -> None:
-        if self.expired:
+        """The DataError once the deadline has passed (by the clock: a read that timed out
+        as it passed may end before the timer fires)."""
+        if self.expired or time.monotonic() >= self._end:
             raise DataError(
                 f"downloading {self.url} timed out: not done after {DEADLINE_S} s in all (a "
                 "slow or stalled mirror); nothing was kept. Run again, or download the files "
