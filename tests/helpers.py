@@ -186,6 +186,7 @@ TIMINGS = (
     "wall_clock_min",
     "train_tokens_per_sec",
     "train_target_tokens_per_sec",
+    "train_target_tokens",  # this attempt's count: a resumed run's starts again
     "resumed_from",
     "peak_rss_mib",
     "matmul_peak_gflops",

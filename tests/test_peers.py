@@ -38,7 +38,7 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "framework, log, updates, rate",
+    "framework, log, updates, rate, tokens",
     [
         (
             "eole",
@@ -50,24 +50,28 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
             ],
             100,
             2900.0,
+            180_000,  # 100 updates of 1 800 target tokens
         ),
         (  # aiayn's own record of the run, not a log to parse
             "aiayn",
-            {"updates": 2459, "train_target_tokens_per_sec": 1350.5},
+            {"updates": 2459, "train_target_tokens_per_sec": 1350.5, "train_target_tokens": 4e6},
             2459,
             1350.5,
+            4_000_000,
         ),
         (
             "fairseq",
             [
                 "2026-11-26 06:04:42 | INFO | train | epoch 001 | loss 12.94 | ppl 7416.88 | "
                 "wps 1500.5 | ups 1.02 | wpb 1758.8 | num_updates 50 | lr 6e-05",
-                "2026-11-26 06:04:50 | INFO | valid | epoch 001 | loss 11.9 | wps 5900.1",
+                "2026-11-26 06:04:50 | INFO | valid | epoch 001 | loss 11.9 | wps 5900.1 | "
+                "wpb 999.9",
                 "2026-11-26 06:05:42 | INFO | train | epoch 002 | loss 11.1 | wps 1600.5 | "
-                "num_updates 100 | lr 6e-05",
+                "wpb 1741.2 | num_updates 100 | lr 6e-05",
             ],
             100,
             1550.5,
+            175_000,  # 100 updates of the training lines' 1 750 words a batch (not valid's)
         ),
         (  # stopped at the budget (SIGINT): the interrupt names the last update
             "joeynmt",
@@ -78,11 +82,14 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
                 "2026-11-26 10:02:00,456 - INFO - joeynmt.training - Epoch   1, Step:      100, "
                 "Batch Loss:  1034.567890, Batch Acc: 0.101234, Tokens per Sec:     1050, "
                 "Lr: 0.000297",
-                "2026-11-26 10:02:30,789 - INFO - joeynmt.training - Interrupt at epoch 1, step "
+                "2026-11-26 10:02:10,000 - INFO - joeynmt.training - Epoch   1, total training "
+                "loss: 2277.59, num. of seqs: 2900, num. of tokens: 20000, 604.5055[sec]",
+                "2026-11-26 10:02:30,789 - INFO - joeynmt.training - Interrupt at epoch 2, step "
                 "123.",
             ],
             123,
             1000.0,
+            24_600,  # 20 000 tokens in its first epoch, by update 100: 200 an update
         ),
         (  # sentences/s x 4 target tokens a sentence (the text below: 2 and 4 pieces + EOS)
             "sockeye",
@@ -102,11 +109,12 @@ def test_pieces_join_back_into_the_text_and_score_as_evaluate_does(tmp_path):
             ],
             200,
             442.0,
+            59_200,  # 14 800 sentences at the last checkpoint, 4 target tokens each
         ),
     ],
 )
 def test_a_peer_result_reads_updates_and_target_rate_from_the_peers_own_log(
-    tmp_path, monkeypatch, capsys, framework, log, updates, rate
+    tmp_path, monkeypatch, capsys, framework, log, updates, rate, tokens
 ):
     if framework == "aiayn":
         (tmp_path / "run").mkdir()
@@ -116,16 +124,21 @@ def test_a_peer_result_reads_updates_and_target_rate_from_the_peers_own_log(
     (tmp_path / "text").mkdir()  # the exported target text (a rate in sentences needs it)
     (tmp_path / "text" / "train.bpe.de").write_text("▁zwei ▁hunde\n▁ein ▁mann ▁läuft .\n")
     (tmp_path / "train.time").write_text("\tMaximum resident set size (kbytes): 1048576\n")
-    (tmp_path / "stages.tsv").write_text("text\t20\ntrain\t3300\ntest\t90\n")
-    args = ["--framework", framework, "--setting", "same", "--alpha", "1.5", "--val", "33.1"]
-    args += ["--test", "35.2", "--smoke", "0", "--version", "1.2.3", "--no-measure"]
+    (tmp_path / "stages.tsv").write_text("text\t20\ntrain\t3300\ntest.averaged\t90\n")
+    (tmp_path / "scores.tsv").write_text("averaged\t1.5\t33.1\t35.2\nlast\t2.0\t32.5\t34.75\n")
+    args = ["--framework", framework, "--setting", "same", "--smoke", "0"]
+    args += ["--version", "1.2.3", "--malloc", "keep", "--no-measure"]
     monkeypatch.setattr(sys, "argv", ["result.py", str(tmp_path), *args])
     _module("result").main()  # in this process: a subprocess would import torch again
     result = json.loads((tmp_path / "result.json").read_text())
     assert json.loads(capsys.readouterr().out) == result
     assert (result["updates"], result["target_tokens_per_sec"]) == (updates, rate)
+    assert result["train_target_tokens"] == pytest.approx(tokens, abs=1)
+    assert result["target_tokens_per_sec_whole"] == pytest.approx(tokens / 3300, rel=1e-3)
     assert result["peak_rss_mib"] == 1024 and result["stages_s"]["train"] == 3300
     assert (result["alpha"], result["val_bleu_tok"], result["test_bleu_tok"]) == (1.5, 33.1, 35.2)
+    assert result["checkpoint"] == "averaged" and result["malloc"] == "keep"
+    assert result["scores"]["last"] == {"alpha": 2.0, "val_bleu_tok": 32.5, "test_bleu_tok": 34.75}
     assert result["version"] == "1.2.3" and result["machine"]["cpu"] == cpu_model()
     assert len(result["machine"]["aiayn_git_sha"]) >= 7
 
@@ -147,22 +160,62 @@ def _result(framework, test, smoke=False):
     }
 
 
-def test_the_peer_table_has_a_row_per_result_best_first_and_refuses_a_smoke_test(tmp_path):
+def test_the_peer_table_has_a_row_per_system_with_the_mean_and_range_of_its_runs(tmp_path):
+    """Runs of one system, setting and checkpoint make one row: each figure the mean, with
+    the range where runs differ; a result scoring two checkpoints makes a row for each; best
+    mean test BLEU first; a smoke test is refused."""
     table = _module("table")
+    runs = [_result("eole", 33.0), _result("fairseq", 36.25), _result("fairseq", 36.75)]
+    runs[2] |= {"updates": 3512, "target_tokens_per_sec_whole": 1700.0, "peak_rss_mib": 1533}
+    runs[1] |= {"target_tokens_per_sec_whole": 1600.0}
+    runs[2]["stages_s"] = {**runs[2]["stages_s"], "average": 30}
+    aiayn = _result("aiayn", 38.0) | {"checkpoint": "averaged"}
+    aiayn["scores"] = {
+        "averaged": {"alpha": 1.5, "val_bleu_tok": 36.0, "test_bleu_tok": 38.0},
+        "last": {"alpha": 2.0, "val_bleu_tok": 35.5, "test_bleu_tok": 37.5},
+    }
     paths = []
-    for name, test in (("eole", 33.0), ("fairseq", 36.25)):
-        paths.append(tmp_path / f"{name}.json")
-        paths[-1].write_text(json.dumps(_result(name, test)))
+    for i, result in enumerate([*runs, aiayn]):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(result))
     lines = table.table(paths).splitlines()
-    assert lines[0] == table.HEADER and len(lines) == 4
-    assert lines[2] == (
-        "| fairseq 0.6.4 | same model and recipe | 3,412 | 1,815 | 1,533 | 1 | 35.12 | 36.25 "
-        "| 0.1 / – / 55.0 / 4.0 / 1.0 | 136.7 |"
+    assert lines[0] == table.HEADER and len(lines) == 2 + 4
+    assert lines[2].startswith("| aiayn 0.6.4 | same model and recipe | averaged | 1 |")
+    assert lines[3].startswith("| aiayn 0.6.4 | same model and recipe | last | 1 |")
+    assert " | 2 | 35.50 | 37.50 |" in lines[3]
+    assert lines[4] == (
+        "| fairseq 0.6.4 | same model and recipe | last | 2 | 3,462 (3,412–3,512) "
+        "| 1,650 (1,600–1,700) | 1,815 | 1,533 | 1 | 35.12 | 36.50 (36.25–36.75) "
+        "| 0.1 / – / 55.0 / 0.5 / 4.0 / 1.0 | 136.7 |"
     )
-    assert lines[3].startswith("| eole 0.6.4 |")
+    assert lines[5].startswith("| eole 0.6.4 | same model and recipe | last | 1 | 3,412 | – |")
     paths[0].write_text(json.dumps(_result("eole", 33.0, smoke=True)))
-    with pytest.raises(SystemExit, match=r"eole\.json: a SMOKE=1 result"):
+    with pytest.raises(SystemExit, match=r"0\.json: a SMOKE=1 result"):
         table.table(paths)
+
+
+def test_the_checkpoints_averaged_are_the_last_and_those_nearest_each_epoch_before_it(tmp_path):
+    """checkpoints.py pick: the final checkpoint and the ones nearest 1-4 epochs before it,
+    each once; fewer where fewer exist. average-torch means the weights and keeps the rest."""
+    import torch
+
+    checkpoints = _module("checkpoints")
+    every_50 = list(range(50, 3001, 50))
+    assert checkpoints.pick(every_50, 236) == [2050, 2300, 2550, 2750, 3000]
+    assert checkpoints.pick([*every_50, 3020], 236) == [2100, 2300, 2550, 2800, 3020]
+    assert checkpoints.pick([100, 200], 236) == [100, 200]
+    assert checkpoints.pick([454, 908, 1362, 1816, 2270, 2500], 454) == [
+        908, 1362, 1816, 2270, 2500,
+    ]  # fmt: skip
+    paths = []
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        paths.append(tmp_path / f"{i}.ckpt")
+        state = {"w": torch.full((2,), value), "steps": torch.tensor(i)}
+        torch.save({"model_state": state, "stats_state": {"steps": i}}, paths[-1])
+    checkpoints.average_torch(paths, "model_state", tmp_path / "avg.ckpt")
+    averaged = torch.load(tmp_path / "avg.ckpt", weights_only=False)
+    assert torch.equal(averaged["model_state"]["w"], torch.full((2,), 3.0))
+    assert averaged["model_state"]["steps"] == 2 and averaged["stats_state"] == {"steps": 2}
 
 
 def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(capsys, monkeypatch):
@@ -191,7 +244,9 @@ cp "$src" "$out"
 @pytest.mark.parametrize("setting, limit", [("own", None), ("same", "250")])
 def test_sockeye_decodes_with_its_own_output_limit_only_in_setting_2(tmp_path, setting, limit):
     """`DECODE_ONLY=1 bash benchmarks/peers/sockeye/run.sh` with Sockeye's CLI faked: setting
-    2 leaves the output limit to Sockeye (its tutorial's command); setting 1 forces 250."""
+    2 leaves the output limit to Sockeye (its tutorial's command) and decodes its last
+    checkpoint; setting 1 forces 250 and decodes the average (the model copy `average()`
+    writes)."""
     bin_dir = tmp_path / "peers" / "sockeye" / "venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "sockeye-translate").write_text(FAKE_TRANSLATE)
@@ -231,7 +286,9 @@ def test_sockeye_decodes_with_its_own_output_limit_only_in_setting_2(tmp_path, s
     ]
     for call in calls:
         args = call.split()
-        assert args[args.index("--beam-size") + 1] == "4" and args[args.index("-c") + 1] == "00028"
+        weights = ("model", "00028") if setting == "own" else ("averaged", "00000")
+        assert args[args.index("--beam-size") + 1] == "4"
+        assert (args[args.index("-m") + 1], args[args.index("-c") + 1]) == weights
         if limit is None:
             assert "--max-output-length" not in args
         else:
@@ -246,9 +303,16 @@ def test_sockeye_decodes_with_its_own_output_limit_only_in_setting_2(tmp_path, s
 PEERS = REPO / "benchmarks" / "peers"
 # what a peer's setting 1 may not match, and why (issue 52 keeps them listed until each is
 # gone): every other compared key must equal aiayn's experiment=multi30k_cpu
-KNOWN_DIFFERENCES = {
-    "averaged": "the peers decode their last checkpoint; aiayn averages its last 5 snapshots",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}
+
+
+def _averaged(script: Path) -> int:
+    """How many checkpoints a peer's setting 1 averages: checkpoints.py's COUNT where its
+    run.sh averages what `checkpoints.py pick` chose, else 0 (it decodes its last)."""
+    text = script.read_text()
+    if "average() {" not in text or '"$PEERS/checkpoints.py" pick' not in text:
+        return 0
+    return _module("checkpoints").COUNT
 
 
 def _flags(words: list[str]) -> dict[str, str]:
@@ -296,7 +360,7 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
         "warmup": train["learning_rate_warmup"],
         "batch tokens": train["batch_size"],
         "beam": joey["testing"]["beam_size"],
-        "averaged": 0,
+        "averaged": _averaged(PEERS / "joeynmt" / "run.sh"),
     }
     for peer in ("eole", "opennmt"):
         config = yaml.safe_load((PEERS / peer / "same_model.yaml").read_text())
@@ -316,7 +380,7 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
             "warmup": train["warmup_steps"],
             "batch tokens": train["batch_size"],
             "beam": int(_flags(_decode_words(PEERS / peer / "run.sh", "-beam_size"))["beam_size"]),
-            "averaged": 0,
+            "averaged": _averaged(PEERS / peer / "run.sh"),
         }
     fairseq = _flags(_bash_array(PEERS / "fairseq" / "run.sh", "RECIPE"))
     script = (PEERS / "fairseq" / "run.sh").read_text()
@@ -332,7 +396,7 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
         "warmup": int(fairseq["warmup-updates"]),
         "batch tokens": int(fairseq["max-tokens"]),
         "beam": int(_flags(script.split())["beam"]),
-        "averaged": 0,
+        "averaged": _averaged(PEERS / "fairseq" / "run.sh"),
     }
     sockeye = _flags(_bash_array(PEERS / "sockeye" / "run.sh", "SAME"))
     script = (PEERS / "sockeye" / "run.sh").read_text()
@@ -349,7 +413,7 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
         "warmup": warmup,
         "batch tokens": int(sockeye["batch-size"]),
         "beam": int(_flags(script.split())["beam-size"]),
-        "averaged": 0,
+        "averaged": _averaged(PEERS / "sockeye" / "run.sh"),
     }
     return recipes
 

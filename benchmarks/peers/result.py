@@ -1,7 +1,14 @@
-"""result.json of a peer run (benchmarks/peers/common.sh): stages, updates and target tokens/s
-from the framework's own training log (aiayn: its run's metrics.json), peak RSS of training
-(`/usr/bin/time -v`), the chosen length setting, val/test BLEU, the framework's version, this
-checkout's git SHA and the machine (CPU, flags, fp32 matmul peak measured after the run)."""
+"""result.json of a peer run (benchmarks/peers/common.sh): stages, updates, target tokens
+trained and target tokens/s two ways, peak RSS of training (`/usr/bin/time -v`), the chosen
+length setting with val/test BLEU for each checkpoint scored (scores.tsv), the allocator
+setting, the framework's version, this checkout's git SHA and the machine (CPU, flags, fp32
+matmul peak measured after the run).
+
+The two rates: `target_tokens_per_sec_whole` is the one clock for every system, target tokens
+trained over the wall time of the whole training command (startup, data loading, validation
+and saving included); `target_tokens_per_sec` is the framework's own figure as it logs it
+(aiayn's and JoeyNMT's leave validation out, fairseq's, eole's and OpenNMT-py's windows take
+in whatever falls within them)."""
 
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ LOGS = {
     "eole": (r"Step (\d+)/", r"\d+/\s*(\d+) tok/s"),  # "<src>/<tgt> tok/s"
     "opennmt-py": (r"Step (\d+)/", r"\d+/\s*(\d+) tok/s"),
     # "| train | epoch 001 | ... | wps 1793.3 | ... | num_updates 20" (valid lines have a wps too)
-    "fairseq": (r"num_updates (\d+)", r"\| train \|[^\n]*?\bwps ([\d.]+)"),
+    "fairseq": (r"num_updates[= ](\d+)", r"\| train \|[^\n]*?\bwps ([\d.]+)"),
     # "Epoch   3, Step:     1350, Batch Loss: ..., Tokens per Sec:     1234, Lr: ..." every 50
     # updates (target tokens, validation time left out), and "Interrupt at epoch 7, step
     # 3123." when run.sh stops it at the budget
@@ -27,6 +34,13 @@ LOGS = {
     # "Checkpoint [7]\tUpdates=700 Epoch=2 ..." at each checkpoint; its tok/sec counts padded
     # source tokens, so its sentences/s is taken (times the mean target length)
     "sockeye": (r"(?:\bB=|\tUpdates=)(\d+)", r"\bB=\d+\s+s/sec=([\d.]+)", "sentences"),
+}
+# target tokens in a batch as the framework logs them, averaged over the run: eole's and
+# OpenNMT-py's "bsz: <src>/<tgt>/<sentences>", fairseq's words per batch of training lines
+BATCH_TOKENS = {
+    "eole": r"bsz:\s*\d+/(\d+)/",
+    "opennmt-py": r"bsz:\s*\d+/(\d+)/",
+    "fairseq": r"(?:train_inner \|[^\n]*?|\| train \|[^\n]*?)\bwpb[= ]([\d.]+)",
 }
 
 
@@ -37,11 +51,13 @@ def target_tokens_per_sentence(work: Path) -> float:
     return statistics.fmean(len(line.split(" ")) + 1 for line in lines)
 
 
-def training(work: Path, framework: str) -> tuple[int | None, float | None]:
-    """(updates, mean target tokens per second) of the run in `work`."""
+def training(work: Path, framework: str) -> tuple[int | None, float | None, float | None]:
+    """(updates, mean target tokens per second as logged, target tokens trained) of the run
+    in `work`; None where the log does not tell."""
     if framework == "aiayn":  # its own record of the run: <work>/run/metrics.json
         metrics = json.loads((work / "run" / "metrics.json").read_text())
-        return metrics.get("updates"), metrics.get("train_target_tokens_per_sec")
+        tokens = metrics.get("train_target_tokens")
+        return metrics.get("updates"), metrics.get("train_target_tokens_per_sec"), tokens
     log = (work / "train.log").read_text(errors="replace")
     step_pattern, rate_pattern, *unit = LOGS[framework]
     steps = [int(s) for s in re.findall(step_pattern, log)]
@@ -49,7 +65,40 @@ def training(work: Path, framework: str) -> tuple[int | None, float | None]:
     rate = statistics.fmean(rates) if rates else None
     if rate is not None and unit == ["sentences"]:
         rate *= target_tokens_per_sentence(work)
-    return max(steps) if steps else None, rate
+    updates = max(steps) if steps else None
+    return updates, rate, tokens_trained(work, framework, log, updates)
+
+
+def tokens_trained(work: Path, framework: str, log: str, updates: int | None) -> float | None:
+    """Target tokens the run trained on, from its log: updates x its mean target tokens a
+    batch (eole, OpenNMT-py, fairseq); JoeyNMT's per-epoch token counts, its updates so far
+    at each epoch's end read within one logging interval; Sockeye's sentences (`Samples=` at
+    its last checkpoint) x the mean target length."""
+    if not updates:
+        return None
+    if framework in BATCH_TOKENS:
+        batches = [float(t) for t in re.findall(BATCH_TOKENS[framework], log)]
+        return statistics.fmean(batches) * updates if batches else None
+    if framework == "sockeye":
+        samples = re.findall(r"\bSamples=(\d+)", log)
+        return int(samples[-1]) * target_tokens_per_sentence(work) if samples else None
+    epochs = re.findall(r"Epoch\s+\d+, total training loss.*?num\. of tokens: (\d+)", log)
+    if not epochs:
+        return None
+    before_last_end = log[: log.rindex("total training loss")]
+    steps = [int(s) for s in re.findall(r"Step:\s+(\d+)", before_last_end)]
+    if not steps:
+        return None
+    return sum(int(t) for t in epochs) / max(steps) * updates
+
+
+def scores(work: Path) -> dict[str, dict[str, float]]:
+    """scores.tsv (common.sh): checkpoint -> its alpha, val and test BLEU, in the order run."""
+    rows = (line.split("\t") for line in (work / "scores.tsv").read_text().splitlines())
+    return {
+        name: {"alpha": float(alpha), "val_bleu_tok": float(val), "test_bleu_tok": float(test)}
+        for name, alpha, val, test in rows
+    }
 
 
 def machine(measure: bool) -> dict:
@@ -67,28 +116,37 @@ def machine(measure: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("work", type=Path)
-    for key in ("framework", "setting", "alpha", "val", "test", "smoke"):
+    for key in ("framework", "setting", "smoke"):
         parser.add_argument(f"--{key}", required=True)
     parser.add_argument("--version", default=None, help="the framework's version")
+    parser.add_argument("--malloc", default=None, help="common.sh's PEER_MALLOC")
     parser.add_argument("--no-measure", action="store_true", help="skip the matmul peak")
     args = parser.parse_args()
-    updates, rate = training(args.work, args.framework)
+    updates, rate, tokens = training(args.work, args.framework)
     rss = re.search(
         r"Maximum resident set size \(kbytes\): (\d+)", (args.work / "train.time").read_text()
     )
     stages = (args.work / "stages.tsv").read_text().splitlines()
+    stages_s = {k: int(v) for k, v in (line.split("\t") for line in stages)}
+    scored = scores(args.work)
+    first = next(iter(scored.values()))  # the headline: the first checkpoint scored
     result = {
         "framework": args.framework,
         "setting": args.setting,
         "version": args.version,
         "smoke_test": args.smoke == "1",
         "updates": updates,
+        "train_target_tokens": round(tokens) if tokens is not None else None,
+        "target_tokens_per_sec_whole": (
+            tokens / stages_s["train"] if tokens is not None and stages_s.get("train") else None
+        ),
         "target_tokens_per_sec": rate,
         "peak_rss_mib": round(int(rss.group(1)) / 1024) if rss else None,
-        "alpha": float(args.alpha),
-        "val_bleu_tok": float(args.val),
-        "test_bleu_tok": float(args.test),
-        "stages_s": {k: int(v) for k, v in (line.split("\t") for line in stages)},
+        "checkpoint": next(iter(scored)),
+        **first,
+        "scores": scored,
+        "malloc": args.malloc,
+        "stages_s": stages_s,
         "machine": machine(measure=not args.no_measure),
     }
     (args.work / "result.json").write_text(json.dumps(result, indent=2) + "\n")

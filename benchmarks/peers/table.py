@@ -1,44 +1,100 @@
-"""The peer table: one row per result.json (benchmarks/peers/result.py), as markdown.
+"""The peer table: one row per system, setting and checkpoint scored, over its runs'
+result.json files (benchmarks/peers/result.py), as markdown.
 
     python benchmarks/peers/table.py experiments/peers/*/result.json
 
-Columns: framework and version, setting, updates, target tokens/s (from the framework's own
-log), peak RSS of training, the length setting chosen on val, val and test2016 tokenized
-BLEU, wall clock by stage (minutes), and the machine's fp32 matmul peak measured with the
-run. A smoke-test result (SMOKE=1) is refused: it checks a script, not a number.
+A row's figures are the mean of its runs, with their range in brackets where there are
+several. Columns: framework and version, setting, the checkpoint decoded (`averaged`: the last
+5 an epoch apart; `last`), runs, updates, target tokens/s over the whole training command (the
+one clock) and as the framework logs it, peak RSS of training, the length setting chosen on
+val, val and test2016 tokenized BLEU, aiayn's test2016 BLEU from its last checkpoint too, wall
+clock by stage (minutes), and the machines' fp32 matmul peaks measured with the runs. A
+smoke-test result (SMOKE=1) is refused: it checks a script, not a number.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 SAME = "same model and recipe"  # setting 1; every other setting names a peer's own recipe
-STAGES = ("text", "prepare", "train", "choose_alpha_on_val", "test")
+# stage -> the stages.tsv names it sums (scoring each checkpoint adds its own)
+STAGES = {
+    "text": ("text",),
+    "prepare": ("prepare",),
+    "train": ("train",),
+    "average": ("average",),
+    "α on val": ("choose_alpha_on_val",),
+    "test": ("test",),
+}
 HEADER = (
-    "| framework | setting | updates | target tok/s | peak RSS (MiB) | α | val BLEU "
-    "| test2016 BLEU | minutes: text / prepare / train / α on val / test | fp32 GFLOP/s |"
+    "| framework | setting | checkpoint | runs | updates | target tok/s, whole command "
+    "| target tok/s, as logged | peak RSS (MiB) | α | val BLEU | test2016 BLEU "
+    f"| minutes: {' / '.join(STAGES)} | fp32 GFLOP/s |"
 )
 
 
-def row(result: dict) -> str:
-    stages = result["stages_s"]
-    minutes = " / ".join(f"{stages[s] / 60:.1f}" if s in stages else "–" for s in STAGES)
-    rate = result["target_tokens_per_sec"]
+def checkpoint(result: dict) -> str:
+    """The weights a result scored: named since the harness averaged every system; before,
+    aiayn decoded its average and each peer its last checkpoint."""
+    return result.get("checkpoint") or ("averaged" if result["framework"] == "aiayn" else "last")
+
+
+def cell(values: list[float | None], form: Callable[[float], str]) -> str:
+    """The mean of the values given, with their range where they differ; – if none is."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return "–"
+    text, low, high = form(statistics.fmean(known)), form(min(known)), form(max(known))
+    return text if low == high else f"{text} ({low}–{high})"
+
+
+def stage_seconds(result: dict, stage: str) -> float | None:
+    names = STAGES[stage]
+    found = [s for k, s in result["stages_s"].items() if k.split(".")[0] in names]
+    return sum(found) if found else None
+
+
+def row(results: list[dict]) -> str:
+    first = results[0]
+    values = lambda key: [r.get(key) for r in results]  # noqa: E731
+    minutes = " / ".join(
+        cell([stage_seconds(r, s) for r in results], lambda m: f"{m / 60:.1f}") for s in STAGES
+    )
+    versions = sorted({r["version"] or "" for r in results})
     cells = (
-        f"{result['framework']} {result['version'] or ''}".strip(),
-        result["setting"],
-        f"{result['updates']:,}" if result["updates"] is not None else "–",
-        f"{rate:,.0f}" if rate is not None else "–",
-        f"{result['peak_rss_mib']:,}" if result["peak_rss_mib"] is not None else "–",
-        f"{result['alpha']:g}",
-        f"{result['val_bleu_tok']:.2f}",
-        f"{result['test_bleu_tok']:.2f}",
+        f"{first['framework']} {', '.join(versions)}".strip(),
+        first["setting"],
+        checkpoint(first),
+        str(len(results)),
+        cell(values("updates"), lambda v: f"{v:,.0f}"),
+        cell(values("target_tokens_per_sec_whole"), lambda v: f"{v:,.0f}"),
+        cell(values("target_tokens_per_sec"), lambda v: f"{v:,.0f}"),
+        cell(values("peak_rss_mib"), lambda v: f"{v:,.0f}"),
+        cell(values("alpha"), lambda v: f"{v:g}"),
+        cell(values("val_bleu_tok"), lambda v: f"{v:.2f}"),
+        cell(values("test_bleu_tok"), lambda v: f"{v:.2f}"),
         minutes,
-        str(result.get("machine", {}).get("fp32_gflops", "–")),
+        cell([r.get("machine", {}).get("fp32_gflops") for r in results], lambda v: f"{v:.1f}"),
     )
     return "| " + " | ".join(cells) + " |"
+
+
+def rows(results: list[dict]) -> list[list[dict]]:
+    """Results grouped by system, setting and checkpoint (a result scoring several
+    checkpoints joins a group for each); setting 1 first, then the best mean test BLEU."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for result in results:
+        for name, scored in (result.get("scores") or {checkpoint(result): {}}).items():
+            one = {**result, **scored, "checkpoint": name}
+            groups.setdefault((one["framework"], one["setting"], name), []).append(one)
+    return sorted(
+        groups.values(),
+        key=lambda g: (g[0]["setting"] != SAME, -statistics.fmean(r["test_bleu_tok"] for r in g)),
+    )
 
 
 def table(paths: list[Path]) -> str:
@@ -46,10 +102,8 @@ def table(paths: list[Path]) -> str:
     for path, result in zip(paths, results, strict=True):
         if result["smoke_test"]:
             raise SystemExit(f"{path}: a SMOKE=1 result checks the script, not a number")
-    # setting 1 first, then each peer's own recipe (setting 2); best test BLEU first in each
-    results.sort(key=lambda r: (r["setting"] != SAME, -r["test_bleu_tok"]))
-    rule = "|" + "---|" * 2 + "---:|" * 6 + "---|---:|"
-    return "\n".join([HEADER, rule, *map(row, results)])
+    rule = "|" + "---|" * 3 + "---:|" * 8 + "---|---:|"
+    return "\n".join([HEADER, rule, *map(row, rows(results))])
 
 
 def main() -> None:

@@ -95,6 +95,10 @@ def test_metrics_json_records_the_peak_that_mfu_divides_by(monkeypatch, tmp_path
     assert written["mfu_peak_source"] == "measured" and written["mfu_peak_tflops"] == 0.25
     mfu = csv_metrics(tmp_path)["train/mfu"]
     assert len(mfu) == 3 and all(0 < m < float("inf") for m in mfu)
+    # the count behind the target rate (the peer table's one clock): 3 batches' real tokens
+    tokens = written["train_target_tokens"]
+    assert isinstance(tokens, int) and 3 * 10 < tokens <= 3 * 4096
+    assert 0 < tokens / written["train_target_tokens_per_sec"] < 60  # seconds of training
 
 
 def test_mfu_divides_by_the_datasheet_peak_of_a_listed_gpu(monkeypatch):

@@ -3,12 +3,14 @@
 # on val, test, one scorer): `python train.py experiment=multi30k_cpu`, the recipe as shipped
 # and setting 1 by definition, stopped by its own clock (trainer.max_time) after the budget.
 # Its whole command also prepares its BPE, validates every epoch, averages the last 5
-# snapshots and decodes test2016; the table's val and test columns then decode the averaged
-# checkpoint with `evaluate.py` at each alpha, as every peer's are. Timed alone:
+# snapshots (its final weights and its last 4 epoch ends) and decodes test2016; the table's
+# val and test columns then decode the averaged checkpoint with `evaluate.py` at each alpha,
+# as every peer's are, and the last checkpoint too (its own row). Timed alone:
 #   MULTI30K_ROOT=<dir> bash benchmarks/peers/aiayn/run.sh
 # Result: $PEER_WORK/result.json (default /tmp/peer_aiayn), the run directory in run/.
 PEER_WORK=${PEER_WORK:-/tmp/peer_aiayn}
 HYP_PIECES=  # evaluate.py writes plain text
+CHECKPOINTS=${CHECKPOINTS:-"averaged last"}
 source "$(dirname "$0")/../common.sh"
 export WANDB_MODE=offline
 if [ "$SMOKE" = 1 ]; then LIMIT=(trainer.max_steps=20); else  # the budget as DD:HH:MM:SS
@@ -23,13 +25,14 @@ train() {  # the data root is the peers' Multi30k copy, as text.py export reads 
 }
 
 decode() {  # beam 4, GNMT length penalty alpha, on the averaged checkpoint the recipe tests
-  local role=$1
+  # (or the last one)
+  local role=$1 eval_dir=$PEER_WORK/eval.$CHECKPOINT.$1.$2
   [ "$1" = test2016 ] && role=test
-  rm -rf "$PEER_WORK/eval.$1.$2"  # this script's scratch: DECODE_ONLY=1 decodes again
-  "$AIAYN_PY" "$REPO/evaluate.py" "ckpt_path=$PEER_WORK/run/checkpoints/averaged.ckpt" \
-    "split=$role" decode.length_penalty="$2" "hydra.run.dir=$PEER_WORK/eval.$1.$2" \
-    > "evaluate.$1.$2.log" 2>&1
-  cp "$PEER_WORK/eval.$1.$2/hypotheses.$role.txt" "$3"
+  rm -rf "$eval_dir"  # this script's scratch: DECODE_ONLY=1 decodes again
+  "$AIAYN_PY" "$REPO/evaluate.py" "ckpt_path=$PEER_WORK/run/checkpoints/$CHECKPOINT.ckpt" \
+    "split=$role" decode.length_penalty="$2" "hydra.run.dir=$eval_dir" \
+    > "evaluate.$CHECKPOINT.$1.$2.log" 2>&1
+  cp "$eval_dir/hypotheses.$role.txt" "$3"
 }
 
 run_peer aiayn "same model and recipe"

@@ -18,8 +18,8 @@
 PEER_WORK=${PEER_WORK:-/tmp/peer_fairseq}
 source "$(dirname "$0")/../common.sh"
 FS=$PEERS_DIR/fairseq-fixed/venv/bin
-if [ "$SMOKE" = 1 ]; then STOP=(--max-update 20) MAXLEN=10; else
-  STOP=(--stop-time-hours "$("$AIAYN_PY" -c "print($BUDGET / 3600)")") MAXLEN=200; fi
+if [ "$SMOKE" = 1 ]; then STOP=(--max-update 20) MAXLEN=10 SAVE=10; else
+  STOP=(--stop-time-hours "$("$AIAYN_PY" -c "print($BUDGET / 3600)")") MAXLEN=200 SAVE=50; fi
 
 version() { dist_version "$FS/python" fairseq-fixed; }
 
@@ -41,20 +41,36 @@ else
     --weight-decay 0.0001 --lr 5e-4 --warmup-updates 100 --max-tokens 4096)
   NAME="fairseq's IWSLT'14 recipe"
 fi
+[ "$SETTING" = same ] || CHECKPOINTS=last  # setting 2 decodes its last checkpoint
 
-train() {  # fairseq keeps its own clock; the timeout is only a safety net
+train() {  # fairseq keeps its own clock; the timeout is only a safety net. A checkpoint
+  # every 50 updates, as eole's and OpenNMT-py's (average() takes 5 an epoch apart); no
+  # validation: the harness chooses alpha on val itself
   train_timed "$((BUDGET + 900))" "$FS/fairseq-train" bin "${RECIPE[@]}" \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --optimizer adam \
     --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt --warmup-init-lr 1e-7 \
     --seed 1234 --cpu --num-workers 0 --save-dir ckpt --no-epoch-checkpoints \
+    --save-interval-updates "$SAVE" --keep-interval-updates 20 --disable-validation \
     --log-format simple --log-interval 50 "${STOP[@]}"
+}
+
+average() {  # its own tool, scripts/average_checkpoints.py, on the last 5 checkpoints an
+  # epoch apart
+  local chosen
+  chosen=$(ls ckpt/checkpoint_*_*.pt | "$AIAYN_PY" "$PEERS/checkpoints.py" pick \
+    --pattern 'checkpoint_\d+_(\d+)\.pt$')
+  # shellcheck disable=SC2086  # one path a word
+  "$FS/python" "$FAIRSEQ_AVERAGE" --inputs $chosen --output ckpt/averaged.pt > average.log 2>&1
+  echo "$chosen" > averaged_from.txt
 }
 
 decode() {  # beam 4, fairseq's length penalty (score / length^lenpen); batches of any size
   # (the default multiple of 8 drops the last, odd-sized batch: fairseq issue 5351)
   local subset=valid
   [ "$1" = test2016 ] && subset=test
-  "$FS/fairseq-generate" bin --path ckpt/checkpoint_last.pt --gen-subset "$subset" --beam 4 \
+  local weights=ckpt/checkpoint_last.pt
+  [ "$CHECKPOINT" = averaged ] && weights=ckpt/averaged.pt
+  "$FS/fairseq-generate" bin --path "$weights" --gen-subset "$subset" --beam 4 \
     --lenpen "$2" --max-len-b "$MAXLEN" --max-tokens 4000 --required-batch-size-multiple 1 \
     --cpu > "generate.$1.$2.log" 2>&1
   # one line per source sentence, by id: a sentence fairseq skipped stays empty (and counts)

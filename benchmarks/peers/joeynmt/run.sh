@@ -12,10 +12,11 @@ source "$(dirname "$0")/../common.sh"
 JOEY=$PEERS_DIR/joeynmt/venv/bin/python
 SETTING=${SETTING:-same}
 case "$SETTING" in  # the config, its validation interval (updates), the name
-  same) YAML=same_model.yaml VALID=450 NAME="same model and recipe" ;;
+  same) YAML=same_model.yaml VALID=454 NAME="same model and recipe" ;;
   own) YAML=own_recipe.yaml VALID=1000 NAME="JoeyNMT's IWSLT14 recipe" ;;
   *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
 esac
+[ "$SETTING" = same ] || CHECKPOINTS=last  # setting 2 decodes its last checkpoint
 if [ "$SMOKE" = 1 ]; then UPDATES=20 VALID=20 REPORT=5 MAXLEN=10; else
   UPDATES=1000000 REPORT=50 MAXLEN=250; fi
 
@@ -32,8 +33,22 @@ train() {  # no wall-clock limit of its own: SIGINT at the budget, on which it s
   STOP_SIGNAL=INT train_timed "$BUDGET" "$JOEY" -m joeynmt train config.yaml -t
 }
 
+average() {  # its checkpoints at each validation (its epoch) and the final weights saved at the
+  # interrupt, 5 an epoch apart; JoeyNMT's package has no averaging tool: checkpoints.py
+  local chosen
+  chosen=$(ls model/[0-9]*.ckpt | "$AIAYN_PY" "$PEERS/checkpoints.py" pick --every 454 \
+    --pattern '/(\d+)\.ckpt$')
+  # shellcheck disable=SC2086  # one path a word
+  "$JOEY" "$PEERS/checkpoints.py" average-torch --key model_state \
+    --out model/averaged.ckpt $chosen > average.log 2>&1
+  echo "$chosen" > averaged_from.txt
+}
+
 decode() {  # beam 4, GNMT length penalty: log p / ((5 + length) / 6)^alpha (joeynmt/search.py)
+  local weights=$PEER_WORK/model/latest.ckpt
+  [ "$CHECKPOINT" = averaged ] && weights=$PEER_WORK/model/averaged.ckpt
   sed -e "/^  dev: /d; s#^  test: .*#  test: $PEER_WORK/text/$1.bpe#" \
+    -e "s#^  load_model: .*#  load_model: $weights#" \
     -e "s#beam_alpha: .*#beam_alpha: $2#; s#max_output_length: .*#max_output_length: $MAXLEN#" \
     config.yaml > "decode.$1.$2.yaml"
   "$JOEY" -m joeynmt test "decode.$1.$2.yaml" -o "decode.$1.$2" > "test.$1.$2.log" 2>&1

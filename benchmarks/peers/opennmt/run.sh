@@ -13,10 +13,12 @@ source "$(dirname "$0")/../common.sh"
 ONMT=$PEERS_DIR/opennmt-py/venv/bin
 SETTING=${SETTING:-same}
 case "$SETTING" in  # the config, its checkpoint and report intervals (updates), the name
-  same) YAML=same_model.yaml SAVE=100 REPORT=50 NAME="same model and recipe" ;;
+  # setting 1: a checkpoint every 50 updates, of which average() takes 5 an epoch apart
+  same) YAML=same_model.yaml SAVE=50 REPORT=50 NAME="same model and recipe" ;;
   own) YAML=own_recipe.yaml SAVE=10 REPORT=5 NAME="OpenNMT-py's FAQ Transformer recipe" ;;
   *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
 esac
+[ "$SETTING" = same ] || CHECKPOINTS=last  # setting 2 decodes its last checkpoint
 if [ "$SMOKE" = 1 ]; then STEPS=20 SAVE=10 MAXLEN=10 REPORT=5; else STEPS=1000000 MAXLEN=250; fi
 
 version() { dist_version "$ONMT/python" OpenNMT-py; }
@@ -36,8 +38,21 @@ train() {  # no wall-clock limit of its own: stopped at the budget, the last che
 # the last checkpoint saved (training was stopped at the budget)
 last_checkpoint() { ls model/model_step_*.pt | sort -t_ -k3 -n | tail -1; }
 
+average() {  # its own tool, onmt_average_models, on the last 5 checkpoints an epoch apart
+  local chosen
+  chosen=$(ls model/model_step_*.pt | "$AIAYN_PY" "$PEERS/checkpoints.py" pick \
+    --pattern 'model_step_(\d+)\.pt$')
+  # shellcheck disable=SC2086  # one path a word
+  "$ONMT/onmt_average_models" -models $chosen -output model/averaged.pt > average.log 2>&1
+  echo "$chosen" > averaged_from.txt
+}
+
+checkpoint() {  # the weights $CHECKPOINT names
+  if [ "$CHECKPOINT" = averaged ]; then echo model/averaged.pt; else last_checkpoint; fi
+}
+
 decode() {  # beam 4, GNMT length penalty alpha
-  "$ONMT/onmt_translate" -model "$(last_checkpoint)" -src "text/$1.bpe.en" -output "$3" \
+  "$ONMT/onmt_translate" -model "$(checkpoint)" -src "text/$1.bpe.en" -output "$3" \
     -beam_size 4 -length_penalty wu -alpha "$2" -batch_size 2000 -batch_type tokens -max_length "$MAXLEN" \
     > "translate.$1.$2.log" 2>&1
 }

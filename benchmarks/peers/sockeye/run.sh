@@ -52,15 +52,16 @@ SAME=(--seed 1234 --num-layers 3 --num-embed 256 --transformer-model-size 256
   --optimizer adam --optimizer-betas 0.9:0.98 --initial-learning-rate 0.033541
   --learning-rate-scheduler-type inv-sqrt-decay --learning-rate-warmup 500
   --gradient-clipping-type none --batch-type max-word --batch-size 2000
-  --batch-sentences-multiple-of 1 --keep-last-params 2)
+  --batch-sentences-multiple-of 1 --keep-last-params 12)  # average(): 5 an epoch apart
 OWN=(--weight-tying-type src_trg_softmax --keep-last-params 2)  # the tutorial; disk space
 case "$SETTING" in  # its flags, the checkpoint interval (updates), the name
   same) FLAGS=("${SAME[@]}") EVERY=100 NAME="same model and recipe" ;;
   own) FLAGS=("${OWN[@]}") EVERY=10 NAME="Sockeye's IWSLT17 tutorial" ;;
   *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
 esac
+[ "$SETTING" = same ] || CHECKPOINTS=last  # setting 2 decodes its last checkpoint
 # SMOKE=1: 50 updates, as Sockeye logs its speed every 50
-if [ "$SMOKE" = 1 ]; then STOP=(--max-updates 50 --checkpoint-interval 25) MAXLEN=10; else
+if [ "$SMOKE" = 1 ]; then EVERY=25; STOP=(--max-updates 50 --checkpoint-interval 25) MAXLEN=10; else
   STOP=(--max-seconds "$BUDGET" --checkpoint-interval "$EVERY") MAXLEN=250; fi
 LIMIT=(--max-output-length "$MAXLEN")  # setting 2 (not SMOKE=1): Sockeye's own limit
 if [ "$SETTING" = own ] && [ "$SMOKE" != 1 ]; then LIMIT=(); fi
@@ -84,8 +85,23 @@ last_checkpoint() {
   echo "${params##*.}"
 }
 
+average() {  # its own tool, sockeye-average, on the last 5 checkpoints an epoch apart (a
+  # checkpoint every $EVERY updates), into a copy of the model directory that decodes it
+  local chosen
+  chosen=$(ls model/params.[0-9]* | "$AIAYN_PY" "$PEERS/checkpoints.py" pick \
+    --every "$("$AIAYN_PY" -c "print(236 / $EVERY)")" --pattern 'params\.(\d+)$')
+  rm -rf averaged; mkdir averaged
+  find model -maxdepth 1 -type f ! -name 'params.*' -exec cp {} averaged/ \;
+  # shellcheck disable=SC2086  # one path a word
+  "$SOCKEYE/sockeye-average" -o averaged/params.00000 $chosen > average.log 2>&1
+  echo "$chosen" > averaged_from.txt
+}
+
 decode() {  # beam 4, GNMT length penalty: ((5 + length) / 6)^alpha, Sockeye's with beta 5
-  "$SOCKEYE/sockeye-translate" -m model -c "$(last_checkpoint)" -i "text/$1.bpe.en" -o "$3" \
+  local model=model checkpoint
+  checkpoint=$(last_checkpoint)
+  [ "$CHECKPOINT" = averaged ] && model=averaged checkpoint=00000
+  "$SOCKEYE/sockeye-translate" -m "$model" -c "$checkpoint" -i "text/$1.bpe.en" -o "$3" \
     --use-cpu --beam-size 4 --batch-size 64 --length-penalty-alpha "$2" --length-penalty-beta 5 \
     "${LIMIT[@]}" > "translate.$1.$2.log" 2>&1
 }

@@ -271,6 +271,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 metrics["train_tokens_per_sec"] = rate
                 target_rate = throughput.mean_rate(trainer.world_size, target_only=True)
                 metrics["train_target_tokens_per_sec"] = target_rate
+                # the count behind it (this attempt's, all ranks): benchmarks/peers' one clock
+                metrics["train_target_tokens"] = throughput.target_tokens * trainer.world_size
             metrics["updates"] = trainer.global_step
             # train/mfu's denominator (aiayn.kernels.machine.mfu_peak): a GPU's datasheet peak,
             # else the one measured here; the peak measured at fit start beside it
