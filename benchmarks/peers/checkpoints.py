@@ -1,6 +1,6 @@
-"""Which checkpoints a peer averages, and the average where a peer ships no averaging tool
-(eole 0.6.4; JoeyNMT 2.3.0, whose `scripts/average_checkpoints.py` is in its repository, not
-in its package).
+"""Which checkpoints a peer averages, and the average where a peer ships no averaging tool:
+eole 0.6.4 has none; fairseq's and JoeyNMT's `scripts/average_checkpoints.py` are in their
+repositories, not in the packages installed (fairseq-fixed 0.12.3.1, JoeyNMT 2.3.0).
 
 Setting 1 averages, for every system, the last 5 checkpoints an epoch apart: the final weights
 and those nearest 1, 2, 3 and 4 epochs before them, as aiayn's recipe averages its final weights
@@ -11,6 +11,7 @@ among them.
     ls model/ | python checkpoints.py pick --every 236 --pattern 'step_(\\d+)'
     python checkpoints.py average-safetensors --out avg step_a step_b ...   # eole
     python checkpoints.py average-torch --key model_state --out avg.ckpt 1.ckpt 2.ckpt ...
+    # JoeyNMT (`model_state`), fairseq (`model`)
 """
 
 from __future__ import annotations

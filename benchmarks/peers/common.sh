@@ -93,9 +93,24 @@ run_peer() {  # run_peer <name> <setting>: the whole command, result.json at the
     timed text "$AIAYN_PY" "$PEERS/text.py" export --out "$PEER_WORK/text"
     if declare -F prepare > /dev/null; then timed prepare prepare; fi
     timed train train
-    case " $CHECKPOINTS " in *" averaged "*) timed average average ;; esac
+    # a system whose own command averages (aiayn's recipe) defines no `average`
+    if [[ " $CHECKPOINTS " == *" averaged "* ]] && declare -F average > /dev/null; then
+      timed average average
+    fi
   fi
   choose_and_test
   "$AIAYN_PY" "$PEERS/result.py" "$PEER_WORK" --framework "$PEER_NAME" --setting "$2" \
     --smoke "$SMOKE" --version "$(version)" --malloc "$PEER_MALLOC"
+}
+
+dist_version() {  # dist_version <python> <distribution>: its installed version
+  "$1" -c "from importlib.metadata import version; print(version('$2'))"
+}
+
+train_timed() {  # train_timed <seconds> <command...>: train.log, train.time (peak RSS); a
+  # framework without a clock of its own is stopped at <seconds> (exit 124 is the budget) by
+  # SIGTERM, or by $STOP_SIGNAL where it saves its weights on another (JoeyNMT: INT)
+  local limit=$1; shift
+  /usr/bin/time -v -o train.time timeout -s "${STOP_SIGNAL:-TERM}" "$limit" "$@" > train.log 2>&1 \
+    || [ $? -eq 124 ]
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import shutil
 import socket
 import threading
@@ -713,3 +714,84 @@ def test_check_output_is_the_one_owner(monkeypatch):
         if "samefile" in p.read_text() or "st_ino" in p.read_text()
     ]
     assert sorted(owners) == ["data/sources/text.py", "outputs.py"]
+
+
+# ------------------------------------------- a training run's writers stay in their own place
+
+
+def _another_run(path: Path) -> Path:
+    (path / ".hydra").mkdir(parents=True)
+    (path / ".hydra" / "config.yaml").write_text("train: true\n")
+    (path / "checkpoints").mkdir()
+    (path / "checkpoints" / "best.ckpt").write_bytes(b"theirs")
+    return path
+
+
+WRITERS = {  # override -> the words of its refusal
+    "another run's checkpoints": (
+        "callbacks.model_checkpoint.dirpath={other}/checkpoints",
+        "lies in the run {other}",
+    ),
+    "another run's CSV": ("logger=csv logger.csv.save_dir={other}", "lies in the run {other}"),
+    "a user's directory": (
+        "callbacks=[default,ema] callbacks.ema.dirpath={user}",
+        "callbacks.ema.dirpath={user} holds files already",
+    ),
+    "a user's file": (
+        "callbacks=[default,samples] callbacks.samples.path={user}/notes.txt",
+        "callbacks.samples.path={user}/notes.txt holds files already",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRITERS))
+def test_a_training_runs_writers_never_write_over_another_run_or_a_users_files(case, tmp_path):
+    """A callback's or logger's path outside the run is refused before any work where it lies
+    in another run, or where it holds files already (a new run there would write over them)."""
+    from aiayn.training.run import validate
+    from tests.helpers import compose_train
+    from tests.reliability.test_user_files import fingerprint
+
+    other, user = _another_run(tmp_path / "other"), tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine\n")
+    override, words = (s.format(other=other, user=user) for s in WRITERS[case])
+    before = fingerprint(tmp_path)
+    cfg = compose_train(override.split(), output_dir=tmp_path / "out")
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        validate(cfg)
+    assert fingerprint(tmp_path) == before
+    # the same writer in a new directory of its own is fine
+    fresh = override.replace(str(other), str(tmp_path / "new")).replace(
+        str(user), str(tmp_path / "new")
+    )
+    validate(compose_train(fresh.split(), output_dir=tmp_path / "out2"))
+
+
+def test_translate_never_writes_over_the_corpus_its_checkpoints_run_trained_on(tmp_path):
+    """`output=` naming a file of the training run's corpus (found from the run config beside
+    the checkpoint) is refused, as an input is."""
+    from omegaconf import OmegaConf
+
+    from aiayn.errors import OutputError
+    from aiayn.inference.config import TranslateConfig
+    from aiayn.inference.translate import _inputs
+    from aiayn.outputs import check_output
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train", "val", "test"):
+        for lang in ("en", "de"):
+            (corpus / f"{name}.{lang}").write_text("a b\n")
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    files = {role: [f"{role}.en", f"{role}.de"] for role in ("train", "val", "test")}
+    data = {"source": "files", "root": str(corpus), "files": files}
+    OmegaConf.save({"data": data}, run / ".hydra" / "config.yaml")
+    config = TranslateConfig(ckpt_path=str(run / "checkpoints" / "best.ckpt"), input="-")
+    before = (corpus / "train.de").read_bytes()
+    with pytest.raises(OutputError, match="the same file as a file of the corpus its run"):
+        check_output(str(corpus / "train.de"), "output", _inputs(config))
+    assert (corpus / "train.de").read_bytes() == before
+    check_output(str(tmp_path / "hyp.de"), "output", _inputs(config))  # a new file: fine

@@ -54,13 +54,15 @@ train() {  # fairseq keeps its own clock; the timeout is only a safety net. A ch
     --log-format simple --log-interval 50 "${STOP[@]}"
 }
 
-average() {  # its own tool, scripts/average_checkpoints.py, on the last 5 checkpoints an
-  # epoch apart
+average() {  # the last 5 checkpoints an epoch apart; fairseq's scripts/average_checkpoints.py
+  # is in its repository, not in fairseq-fixed's sdist or wheel: checkpoints.py means the
+  # `model` weights and keeps the rest of the last checkpoint, as that script does
   local chosen
   chosen=$(ls ckpt/checkpoint_*_*.pt | "$AIAYN_PY" "$PEERS/checkpoints.py" pick \
     --pattern 'checkpoint_\d+_(\d+)\.pt$')
   # shellcheck disable=SC2086  # one path a word
-  "$FS/python" "$FAIRSEQ_AVERAGE" --inputs $chosen --output ckpt/averaged.pt > average.log 2>&1
+  "$FS/python" "$PEERS/checkpoints.py" average-torch --key model --out ckpt/averaged.pt \
+    $chosen > average.log 2>&1
   echo "$chosen" > averaged_from.txt
 }
 

@@ -28,8 +28,7 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from aiayn.console import progress
 from aiayn.data.config import DataConfig
-from aiayn.data.sources import get_source
-from aiayn.data.sources.base import FileSource, Source
+from aiayn.data.sources import get_source, local_files
 from aiayn.errors import ConfigError, DataError, writing
 from aiayn.inference.checkpoint import run_data_config
 from aiayn.inference.config import EvalConfig
@@ -134,13 +133,6 @@ def score(
     return result
 
 
-def _files(corpus: Source) -> dict[str, list[Path]]:
-    """The local files of `corpus` (none for a generated or downloaded-by-name one)."""
-    if not isinstance(corpus, FileSource):
-        return {}
-    return {"a file of the corpus": [path for paths in corpus.files().values() for path in paths]}
-
-
 def run(cfg: DictConfig | dict) -> dict[str, Any]:
     """What `python evaluate.py` does; returns what it writes to `<output_dir>/bleu.json`."""
     config = to_schema(cfg, EvalConfig)
@@ -164,7 +156,8 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     data = config.data or _data_of(config.ckpt_path, translator)
     corpus = get_source(data)  # one source: its files are found (and checked) once
     for name in written:  # the corpus is known now: the references are inputs too
-        check_output(Path(config.paths.output_dir) / name, "paths.output_dir's", _files(corpus))
+        output = Path(config.paths.output_dir) / name
+        check_output(output, "paths.output_dir's", local_files(corpus))
     sources, references = corpus.read(config.split)
     if config.mode == "score":
         with writing(config.paths.output_dir):

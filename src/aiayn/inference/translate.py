@@ -28,8 +28,10 @@ from typing import Any, TextIO
 from omegaconf import DictConfig
 
 from aiayn.console import Advance, progress
+from aiayn.data.sources import get_source, local_files
 from aiayn.data.sources.text import bounded_lines
-from aiayn.errors import TranslationError, writing
+from aiayn.errors import ConfigError, TranslationError, writing
+from aiayn.inference.checkpoint import run_data_config
 from aiayn.inference.config import TranslateConfig
 from aiayn.inference.ct2 import load_translator
 from aiayn.inference.translator import LongLineError, Translator
@@ -167,10 +169,25 @@ def _count_lines(path: str) -> int | None:
 
 
 def _inputs(config: TranslateConfig) -> dict[str, Any]:
-    """Every file translate reads, by its key: what `output` must not be."""
+    """Every file translate reads, by its key, and the local corpus of the run that trained
+    the checkpoint(s): what `output` must not be."""
     inputs = {"input": config.input, "prefix_file": config.prefix_file}
     inputs |= {"tokenizer": config.tokenizer, "ckpt_path": config.ckpt_path}
-    return inputs | {"a file of ct2_path": config.ct2_path}
+    return inputs | {"a file of ct2_path": config.ct2_path} | _run_corpus(config.ckpt_path)
+
+
+def _run_corpus(ckpt_path: str | list[str] | None) -> dict[str, list[Path]]:
+    """The local corpus files of the run(s) the checkpoint(s) came from, where their run
+    config is beside them (translate itself needs no data config: where it cannot be read,
+    nothing)."""
+    files: list[Path] = []
+    for path in [ckpt_path] if isinstance(ckpt_path, str) else ckpt_path or []:
+        try:
+            corpus = get_source(run_data_config(path))
+        except (ConfigError, ValueError):
+            continue
+        files += local_files(corpus).get("a file of the corpus", [])
+    return {"a file of the corpus its run trained on": files} if files else {}
 
 
 def run(cfg: DictConfig | dict) -> int:

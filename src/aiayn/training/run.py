@@ -52,6 +52,7 @@ from aiayn.kernels.compiled import resolve_compile
 from aiayn.launchers import external_launch, started_by_lightning
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
+from aiayn.ownership import check_writers
 from aiayn.schema import plain, to_schema
 from aiayn.training import devices
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
@@ -71,6 +72,7 @@ def validate(cfg: DictConfig) -> TrainConfig:
     when resuming, that the checkpoint was trained with the same model and optimizer."""
     config = to_schema(cfg, TrainConfig)
     _check_callbacks(config)
+    check_writers(cfg, Path(config.paths.output_dir), resuming=bool(config.ckpt_path))
     if config.ckpt_path:
         _check_resume(config)
     if config.init_from:

@@ -7,6 +7,7 @@ in `conf/data/`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.data.sources.base import FileSource, Source
@@ -25,7 +26,7 @@ SOURCES: dict[str, type[Source]] = {
     "hf": HFSource,
 }
 
-__all__ = ["SOURCES", "FileSource", "Source", "get_source", "read_split"]
+__all__ = ["SOURCES", "FileSource", "Source", "get_source", "local_files", "read_split"]
 
 
 def get_source(cfg: DataConfig) -> Source:
@@ -33,6 +34,14 @@ def get_source(cfg: DataConfig) -> Source:
     if cfg.source not in SOURCES:
         raise ValueError(f"DataConfig.source must be one of {tuple(SOURCES)}, got {cfg.source!r}")
     return SOURCES[cfg.source](cfg)
+
+
+def local_files(corpus: Source) -> dict[str, list[Path]]:
+    """The local files of `corpus` under one key (none for a generated or downloaded-by-name
+    one): inputs no command may write over."""
+    if not isinstance(corpus, FileSource):
+        return {}
+    return {"a file of the corpus": [path for paths in corpus.files().values() for path in paths]}
 
 
 def read_split(cfg: DataConfig, role: str) -> tuple[list[str], list[str]]:
