@@ -218,6 +218,43 @@ def test_the_checkpoints_averaged_are_the_last_and_those_nearest_each_epoch_befo
     assert averaged["model_state"]["steps"] == 2 and averaged["stats_state"] == {"steps": 2}
 
 
+MALLINFO = """
+import ctypes
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(f"field{i}", ctypes.c_size_t) for i in range(10)]  # struct mallinfo2
+libc.mallinfo2.restype = Info
+libc.malloc(64 << 20)
+print(libc.mallinfo2().field3)  # hblks: blocks from mmap
+"""
+
+
+def _glibc_mallinfo2() -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL(None), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _glibc_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
+@pytest.mark.parametrize("setting, mapped", [("keep", False), ("default", True)])
+def test_common_sh_gives_every_process_one_allocator_setting(setting, mapped, tmp_path):
+    """PEER_MALLOC=keep: a process started under common.sh serves a 64 MiB request from the
+    heap (no mmapped block), as aiayn's train.py does in its own process; default: glibc as it
+    comes (mmapped blocks, the request's among them), and aiayn told to leave malloc alone too."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env |= {"MULTI30K_ROOT": str(tmp_path), "PEER_MALLOC": setting}
+    script = f'source "{PEERS / "common.sh"}"; echo "${{AIAYN_KEEP_FREED_MEMORY:-}}"; exec '
+    script += f"{sys.executable} -c '{MALLINFO}'"
+    run = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    told_aiayn, blocks = run.stdout.split("\n")[:2]
+    assert (int(blocks) > 0) == mapped
+    assert told_aiayn == ("0" if setting == "default" else "")
+
+
 def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(capsys, monkeypatch):
     """experiments/peers.md quotes `python benchmarks/peers/table.py
     experiments/peers/*/result.json` (the README's command) exactly."""

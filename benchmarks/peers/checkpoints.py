@@ -43,9 +43,22 @@ def pick(updates: list[int], every: float, count: int = COUNT) -> list[int]:
     return sorted(chosen)
 
 
+def mean(states: list[dict]) -> dict:
+    """The elementwise mean of the floating tensors (in float64, cast back), the others taken
+    from the last state. (aiayn's `average_state_dicts` does this for aiayn's checkpoints; this
+    runs in each peer's own venv, the only place its checkpoints unpickle, where aiayn is not
+    installed.)"""
+    return {
+        name: sum(s[name].double() for s in states).div(len(states)).to(tensor.dtype)
+        if tensor.is_floating_point()
+        else tensor
+        for name, tensor in states[-1].items()
+    }
+
+
 def average_safetensors(directories: list[Path], out: Path) -> None:
-    """The mean of each tensor over eole checkpoint directories (`model.*.safetensors` and the
-    rest), written as a copy of the last one with its tensors replaced."""
+    """The mean weights of eole checkpoint directories (`model.*.safetensors` and the rest),
+    written as a copy of the last one with its tensors replaced."""
     from safetensors.torch import load_file, save_file
 
     last = directories[-1]
@@ -53,28 +66,18 @@ def average_safetensors(directories: list[Path], out: Path) -> None:
         shutil.rmtree(out)
     shutil.copytree(last, out)
     for shard in sorted(last.glob("*.safetensors")):
-        tensors = [load_file(directory / shard.name) for directory in directories]
-        mean = {
-            name: sum(t[name].double() for t in tensors).div(len(tensors)).to(tensor.dtype)
-            for name, tensor in tensors[-1].items()
-        }
-        save_file(mean, out / shard.name, metadata={"format": "pt"})
+        averaged = mean([load_file(directory / shard.name) for directory in directories])
+        save_file(averaged, out / shard.name, metadata={"format": "pt"})
 
 
 def average_torch(paths: list[Path], key: str, out: Path) -> None:
-    """The mean of each tensor of `checkpoint[key]` over torch checkpoints (JoeyNMT's
-    `model_state`), written as a copy of the last checkpoint with that entry replaced."""
+    """The mean weights `checkpoint[key]` of torch checkpoints (JoeyNMT's `model_state`,
+    fairseq's `model`), written as a copy of the last checkpoint with that entry replaced."""
     import torch
 
     checkpoints = [torch.load(path, map_location="cpu", weights_only=False) for path in paths]
-    states = [checkpoint[key] for checkpoint in checkpoints]
     averaged = dict(checkpoints[-1])
-    averaged[key] = {
-        name: sum(s[name].double() for s in states).div(len(states)).to(tensor.dtype)
-        if tensor.is_floating_point()
-        else tensor
-        for name, tensor in states[-1].items()
-    }
+    averaged[key] = mean([checkpoint[key] for checkpoint in checkpoints])
     torch.save(averaged, out)
 
 
@@ -82,8 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     chooser = commands.add_parser("pick", help="read names on stdin, print those to average")
+    chooser.add_argument("--every", type=int, default=EPOCH_UPDATES, help="updates an epoch")
     chooser.add_argument(
-        "--every", type=float, default=EPOCH_UPDATES, help="an epoch, in the numbers' unit"
+        "--per", type=int, default=1, help="updates a number stands for (Sockeye's checkpoints)"
     )
     chooser.add_argument("--pattern", required=True, help="a regex whose group is the update")
     averager = commands.add_parser("average-safetensors")
@@ -100,7 +104,7 @@ def main() -> None:
             match = re.search(args.pattern, line)
             if match:
                 names[int(match.group(1))] = line
-        print("\n".join(names[u] for u in pick(list(names), args.every)))
+        print("\n".join(names[u] for u in pick(list(names), args.every / args.per)))
     elif args.command == "average-safetensors":
         average_safetensors(args.directories, args.out)
     else:

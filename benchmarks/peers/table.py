@@ -60,7 +60,10 @@ def stage_seconds(result: dict, stage: str) -> float | None:
 
 def row(results: list[dict]) -> str:
     first = results[0]
-    values = lambda key: [r.get(key) for r in results]  # noqa: E731
+
+    def values(key: str) -> list:
+        return [r.get(key) for r in results]
+
     minutes = " / ".join(
         cell([stage_seconds(r, s) for r in results], lambda m: f"{m / 60:.1f}") for s in STAGES
     )

@@ -136,38 +136,47 @@ def check_sweep_dir(config: DictConfig) -> Path:
 WRITER_DIRS, WRITER_FILES = ("dirpath", "save_dir"), ("path",)
 
 
+def _writers(config: DictConfig) -> list[tuple[str, Path, bool]]:
+    """(`group.name.key=value`, the resolved path, whether it is a directory) of each path
+    a training run's callbacks and loggers write to."""
+    found = []
+    for group in ("callbacks", "logger"):
+        for name, node in (OmegaConf.select(config, group) or {}).items():
+            for key in (*WRITER_DIRS, *WRITER_FILES) if node else ():
+                value = OmegaConf.select(node, key, default=None)
+                if value is not None:
+                    where = f"{group}.{name}.{key}={value}"
+                    found.append((where, Path(str(value)).resolve(), key in WRITER_DIRS))
+    return found
+
+
 def check_writers(config: DictConfig, run: Path, resuming: bool) -> None:
     """Every callback and logger of a training run writes inside `run`, or into a directory
     of its own: a path that lies in another run is refused, and outside any run a directory
     that holds files already (a file that exists, for a file's path) unless the run resumes,
-    so that no writer replaces another run's records or a user's files."""
+    so that no writer replaces another run's records or a user's files. Checked by the first
+    process of a launch, as the run directory is: the others start once it may have written
+    there."""
+    if not _first_process():
+        return
     run = run.resolve()
-    for group in ("callbacks", "logger"):
-        for name, node in (OmegaConf.select(config, group) or {}).items():
-            for key in (*WRITER_DIRS, *WRITER_FILES):
-                value = OmegaConf.select(node, key, default=None) if node else None
-                if value is None:
-                    continue
-                path = Path(str(value)).resolve()
-                if path == run or run in path.parents:
-                    continue
-                where = f"{group}.{name}.{key}={value}"
-                other = _run_around(path if key in WRITER_DIRS else path.parent)
-                if other is not None:
-                    raise ConfigError(
-                        f"{where} lies in the run {other}: it would write over that run's "
-                        f"records; leave {group}.{name}.{key} at its default (inside this run)"
-                        " or choose a directory of its own"
-                    )
-                taken = (
-                    path.is_file() if key in WRITER_FILES else path.is_dir() and any(path.iterdir())
-                )
-                if taken and not resuming:
-                    raise ConfigError(
-                        f"{where} holds files already: a new run would write over them; "
-                        f"choose a new or empty {'file' if key in WRITER_FILES else 'directory'}"
-                        f", or leave {group}.{name}.{key} at its default (inside this run)"
-                    )
+    for where, path, is_dir in _writers(config):
+        if path == run or run in path.parents:
+            continue
+        key = where.split("=", 1)[0]
+        other = _run_around(path if is_dir else path.parent)
+        if other is not None:
+            raise ConfigError(
+                f"{where} lies in the run {other}: it would write over that run's records; "
+                f"leave {key} at its default (inside this run) or choose a directory of its own"
+            )
+        taken = path.is_dir() and any(path.iterdir()) if is_dir else path.is_file()
+        if taken and not resuming:
+            raise ConfigError(
+                f"{where} holds files already: a new run would write over them; choose a new "
+                f"or empty {'directory' if is_dir else 'file'}, or leave {key} at its default "
+                "(inside this run)"
+            )
 
 
 def _resumes(config: DictConfig, run: Path) -> bool:

@@ -71,14 +71,16 @@ class PathsConfig:
     output_dir: str = "."
 
 
-def command_line_keys() -> set[str] | None:
-    """The dotted keys given on this Hydra job's command line (`+`/`++`/`~` stripped), or
-    None outside a Hydra job (a library call, a saved config)."""
+def command_line_settings() -> dict[str, str] | None:
+    """This Hydra job's command-line overrides, dotted key (`+`/`++`/`~` stripped) -> the
+    value as typed (`model.num_heads=4` -> {"model.num_heads": "4"}; a deletion without a
+    value is left out), or None outside a Hydra job (a library call, a saved config)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return None
-    return {o.lstrip("+~").split("=", 1)[0] for o in HydraConfig.get().overrides.task}
+    overrides = HydraConfig.get().overrides.task
+    return dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
 
 
 def to_schema(cfg: DictConfig | dict, schema: type[T]) -> T:

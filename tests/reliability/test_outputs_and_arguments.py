@@ -745,9 +745,12 @@ WRITERS = {  # override -> the words of its refusal
 
 
 @pytest.mark.parametrize("case", sorted(WRITERS))
-def test_a_training_runs_writers_never_write_over_another_run_or_a_users_files(case, tmp_path):
+def test_a_training_runs_writers_never_write_over_another_run_or_a_users_files(
+    case, tmp_path, monkeypatch
+):
     """A callback's or logger's path outside the run is refused before any work where it lies
-    in another run, or where it holds files already (a new run there would write over them)."""
+    in another run, or where it holds files already (a new run there would write over them);
+    by the first process of a launch only (the others start after it may have written)."""
     from aiayn.training.run import validate
     from tests.helpers import compose_train
     from tests.reliability.test_user_files import fingerprint
@@ -761,6 +764,11 @@ def test_a_training_runs_writers_never_write_over_another_run_or_a_users_files(c
     with pytest.raises(ConfigError, match=re.escape(words)):
         validate(cfg)
     assert fingerprint(tmp_path) == before
+    from aiayn import ownership
+
+    monkeypatch.setattr(ownership, "_first_process", lambda: False)
+    validate(cfg)  # another rank of the launch: rank 0 checked
+    monkeypatch.undo()
     # the same writer in a new directory of its own is fine
     fresh = override.replace(str(other), str(tmp_path / "new")).replace(
         str(user), str(tmp_path / "new")

@@ -36,7 +36,7 @@ train() {  # no wall-clock limit of its own: SIGINT at the budget, on which it s
 average() {  # its checkpoints at each validation (its epoch) and the final weights saved at the
   # interrupt, 5 an epoch apart; JoeyNMT's package has no averaging tool: checkpoints.py
   local chosen
-  chosen=$(ls model/[0-9]*.ckpt | "$AIAYN_PY" "$PEERS/checkpoints.py" pick --every 454 \
+  chosen=$(ls model/[0-9]*.ckpt | "$AIAYN_PY" "$PEERS/checkpoints.py" pick --every "$VALID" \
     --pattern '/(\d+)\.ckpt$')
   # shellcheck disable=SC2086  # one path a word
   "$JOEY" "$PEERS/checkpoints.py" average-torch --key model_state \

@@ -88,8 +88,8 @@ last_checkpoint() {
 average() {  # its own tool, sockeye-average, on the last 5 checkpoints an epoch apart (a
   # checkpoint every $EVERY updates), into a copy of the model directory that decodes it
   local chosen
-  chosen=$(ls model/params.[0-9]* | "$AIAYN_PY" "$PEERS/checkpoints.py" pick \
-    --every "$("$AIAYN_PY" -c "print(236 / $EVERY)")" --pattern 'params\.(\d+)$')
+  chosen=$(ls model/params.[0-9]* | "$AIAYN_PY" "$PEERS/checkpoints.py" pick --per "$EVERY" \
+    --pattern 'params\.(\d+)$')
   rm -rf averaged; mkdir averaged
   find model -maxdepth 1 -type f ! -name 'params.*' -exec cp {} averaged/ \;
   # shellcheck disable=SC2086  # one path a word

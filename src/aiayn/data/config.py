@@ -17,7 +17,7 @@ from aiayn.data.sources.files import FilesConfig
 from aiayn.data.sources.hf import HFConfig
 from aiayn.data.sources.multi30k import Multi30kConfig
 from aiayn.data.sources.toy import ToyConfig
-from aiayn.schema import command_line_keys
+from aiayn.schema import command_line_settings
 
 __all__ = ["ALIASES", "ROLES", "DataConfig", "TokenizerConfig", "positive_int"]
 
@@ -138,7 +138,7 @@ class DataConfig:
         wins over a preset's value (`data=hf data.hf_name=json`), as it did before the new
         keys; it is refused only where the new key was given too: on the command line in a
         Hydra job, else anywhere it is not at its default."""
-        given = command_line_keys()
+        given = command_line_settings()
         for old, new in ALIASES.items():
             value = getattr(self, old)
             if value is None or value == {}:  # unset (hf_data_files' old default: {})

@@ -292,7 +292,7 @@ def _convert(
     metadata = {
         "format_version": FORMAT_VERSION,
         "checkpoint": str(ckpt_path.resolve()),
-        "checkpoint_sha256": file_digest(ckpt_path),
+        "checkpoint_sha256": digest or file_digest(ckpt_path),
         "quantization": quantization,
         "model": asdict(translator.model.config),
         "decode": asdict(translator.decode),

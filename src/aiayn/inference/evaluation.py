@@ -157,7 +157,7 @@ def run(cfg: DictConfig | dict) -> dict[str, Any]:
     corpus = get_source(data)  # one source: its files are found (and checked) once
     for name in written:  # the corpus is known now: the references are inputs too
         output = Path(config.paths.output_dir) / name
-        check_output(output, "paths.output_dir's", local_files(corpus))
+        check_output(output, "paths.output_dir's", {"a file of the corpus": local_files(corpus)})
     sources, references = corpus.read(config.split)
     if config.mode == "score":
         with writing(config.paths.output_dir):

@@ -186,7 +186,7 @@ def _run_corpus(ckpt_path: str | list[str] | None) -> dict[str, list[Path]]:
             corpus = get_source(run_data_config(path))
         except (ConfigError, ValueError):
             continue
-        files += local_files(corpus).get("a file of the corpus", [])
+        files += local_files(corpus)
     return {"a file of the corpus its run trained on": files} if files else {}
 
 

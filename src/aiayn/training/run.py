@@ -53,7 +53,7 @@ from aiayn.launchers import external_launch, started_by_lightning
 from aiayn.model import ModelConfig
 from aiayn.model.summary import format_parameter_summary, forward_flops, parameter_summary
 from aiayn.ownership import check_writers
-from aiayn.schema import plain, to_schema
+from aiayn.schema import command_line_settings, plain, to_schema
 from aiayn.training import devices
 from aiayn.training.checkpoint_io import AtomicCheckpointIO
 from aiayn.training.config import TrainConfig
@@ -191,17 +191,6 @@ def _in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.initialized() and getattr(HydraConfig.get().mode, "name", "") == "MULTIRUN"
-
-
-def _swept_settings() -> dict[str, str]:
-    """The command-line overrides of this job (`model.num_heads=4` -> key: value), logged as
-    top-level config keys so that a sweep's jobs can be compared side by side."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return {}
-    overrides = HydraConfig.get().overrides.task
-    return dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
 
 
 def build(config: TrainConfig) -> tuple[TranslationDataModule, TranslationModule]:
@@ -461,7 +450,9 @@ def _log_run_info(
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
-        logger.log_hyperparams({**_swept_settings(), "config": resolved, "parameters": summary})
+        # the command-line overrides as top-level keys: a sweep's jobs side by side
+        swept = command_line_settings() or {}
+        logger.log_hyperparams({**swept, "config": resolved, "parameters": summary})
         if isinstance(logger, WandbLogger):
             for name, summary_kind in (("val/bleu", "max"), ("val/ppl", "min")):
                 logger.experiment.define_metric(

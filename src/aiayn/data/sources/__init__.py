@@ -36,12 +36,12 @@ def get_source(cfg: DataConfig) -> Source:
     return SOURCES[cfg.source](cfg)
 
 
-def local_files(corpus: Source) -> dict[str, list[Path]]:
-    """The local files of `corpus` under one key (none for a generated or downloaded-by-name
-    one): inputs no command may write over."""
+def local_files(corpus: Source) -> list[Path]:
+    """The local files of `corpus` (none for a generated or downloaded-by-name one): inputs no
+    command may write over."""
     if not isinstance(corpus, FileSource):
-        return {}
-    return {"a file of the corpus": [path for paths in corpus.files().values() for path in paths]}
+        return []
+    return [path for paths in corpus.files().values() for path in paths]
 
 
 def read_split(cfg: DataConfig, role: str) -> tuple[list[str], list[str]]:

@@ -309,7 +309,7 @@ class _Deadline:
         lookup.start()
         lookup.join(self.left())
         if not found:  # still looking: the deadline has passed
-            self._end = time.monotonic()
+            self._expire()
             self.check()
         if isinstance(found[0], OSError):
             raise found[0]
