@@ -122,17 +122,24 @@ def check_output(
         )
 
 
+def run_around(directory: Path) -> Path | None:
+    """`directory` or its nearest parent that is a run's directory (its Hydra record,
+    `.hydra/config.yaml`), else None."""
+    directory = directory.resolve()
+    found = (d for d in (directory, *directory.parents) if (d / ".hydra" / "config.yaml").is_file())
+    return next(found, None)
+
+
 def _owner(path: Path, checkpoint: bool) -> str | None:
     """What owns the existing regular file `path` (resolved), in words, or None."""
-    for run in path.parents:
-        if (run / ".hydra").is_dir():
-            inside = path.relative_to(run).parts
-            top = inside[0]
-            if top in RUN_RECORD_DIRS or top.endswith(".ct2") or path.suffix == ".ckpt":
-                return f"a record of the run {run} ({'/'.join(inside)})"
-            if len(inside) == 1 and top in RUN_RECORD_FILES:
-                return f"a record of the run {run} ({top})"
-            break
+    run = run_around(path.parent)
+    if run is not None:
+        inside = path.relative_to(run).parts
+        top = inside[0]
+        if top in RUN_RECORD_DIRS or top.endswith(".ct2") or path.suffix == ".ckpt":
+            return f"a record of the run {run} ({'/'.join(inside)})"
+        if len(inside) == 1 and top in RUN_RECORD_FILES:
+            return f"a record of the run {run} ({top})"
     if EXPORT_FILES.fullmatch(path.name) and (path.parent / "aiayn.json").is_file():
         return f"a file of the CTranslate2 export {path.parent}"
     if path.suffix == ".ckpt" and not checkpoint:

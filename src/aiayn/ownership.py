@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.launchers import external_launch, started_by_lightning
+from aiayn.outputs import run_around
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +48,7 @@ def holds_run(directory: Path) -> Path | None:
     directory = directory.resolve()
     if any((directory / name).exists() for name in ("checkpoints", "metrics.json")):
         return directory
-    return _run_around(directory)
-
-
-def _run_around(directory: Path) -> Path | None:
-    """`directory` or its nearest parent with a run's record (`.hydra/config.yaml`)."""
-    directory = directory.resolve()
-    return next((d for d in (directory, *directory.parents) if _has_record(d)), None)
-
-
-def _has_record(directory: Path) -> bool:
-    return (directory / ".hydra" / "config.yaml").is_file()
+    return run_around(directory)
 
 
 def lock(directory: Path, what: str) -> None:
@@ -102,7 +93,8 @@ def check_run_dir(config: DictConfig) -> Path:
     if run is None or _resumes(config, run):
         return directory
     hint = "leave hydra.run.dir out (each run gets a new directory) or choose a new one"
-    if _has_record(run) and OmegaConf.select(config, "train", default=None) is not None:
+    training = OmegaConf.select(config, "train", default=None) is not None
+    if training and run_around(run) == run:  # a run's record: it may be continued
         last = run / "checkpoints" / "last.ckpt"
         hint = f"continue it with ckpt_path={last}, or {hint}" if last.is_file() else hint
     inside = "" if run == directory.resolve() else f" (inside the run {run})"
@@ -123,7 +115,7 @@ def check_sweep_dir(config: DictConfig) -> Path:
             f"over; relaunch that sweep with resume_sweep={directory} (the same overrides), "
             "or leave hydra.sweep.dir out for a new one"
         )
-    run = _run_around(directory)
+    run = run_around(directory)
     if run is not None:
         raise ConfigError(
             f"hydra.sweep.dir={directory} lies inside the run {run}: choose a directory of "
@@ -134,19 +126,25 @@ def check_sweep_dir(config: DictConfig) -> Path:
 
 # the keys where a training run's callbacks and loggers write: directories, and files
 WRITER_DIRS, WRITER_FILES = ("dirpath", "save_dir"), ("path",)
+# writers that put each run in a new directory of its own under theirs (W&B's run-<id>/), so
+# a directory they share with earlier runs is theirs to share
+OWN_SUBDIRS = ("WandbLogger",)
 
 
-def _writers(config: DictConfig) -> list[tuple[str, Path, bool]]:
-    """(`group.name.key=value`, the resolved path, whether it is a directory) of each path
-    a training run's callbacks and loggers write to."""
+def _writers(config: DictConfig) -> list[tuple[str, Path, bool, bool]]:
+    """(`group.name.key=value`, the resolved path, whether it is a directory, whether the
+    writer makes a directory of its own in it) of each path a training run's callbacks and
+    loggers write to."""
     found = []
     for group in ("callbacks", "logger"):
         for name, node in (OmegaConf.select(config, group) or {}).items():
+            own = str((node or {}).get("_target_", "")).endswith(OWN_SUBDIRS)
             for key in (*WRITER_DIRS, *WRITER_FILES) if node else ():
                 value = OmegaConf.select(node, key, default=None)
                 if value is not None:
                     where = f"{group}.{name}.{key}={value}"
-                    found.append((where, Path(str(value)).resolve(), key in WRITER_DIRS))
+                    path = Path(str(value)).resolve()
+                    found.append((where, path, key in WRITER_DIRS, own))
     return found
 
 
@@ -160,18 +158,18 @@ def check_writers(config: DictConfig, run: Path, resuming: bool) -> None:
     if not _first_process():
         return
     run = run.resolve()
-    for where, path, is_dir in _writers(config):
+    for where, path, is_dir, own in _writers(config):
         if path == run or run in path.parents:
             continue
         key = where.split("=", 1)[0]
-        other = _run_around(path if is_dir else path.parent)
+        other = run_around(path if is_dir else path.parent)
         if other is not None:
             raise ConfigError(
                 f"{where} lies in the run {other}: it would write over that run's records; "
                 f"leave {key} at its default (inside this run) or choose a directory of its own"
             )
         taken = path.is_dir() and any(path.iterdir()) if is_dir else path.is_file()
-        if taken and not resuming:
+        if taken and not resuming and not own:
             raise ConfigError(
                 f"{where} holds files already: a new run would write over them; choose a new "
                 f"or empty {'directory' if is_dir else 'file'}, or leave {key} at its default "

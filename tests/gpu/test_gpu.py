@@ -98,9 +98,12 @@ def test_fsdp_on_the_gpus_there_are_trains_in_bf16_averages_and_its_checkpoints_
     assert {k: v.shape for k, v in saved["state_dict"].items()} == {
         k: v.shape for k, v in whole.items()
     }
+    # the mean of steps 40 and 60, not step 60 alone (the gathered snapshots differ)
+    assert any(not torch.equal(saved["state_dict"][k], v) for k, v in whole.items())
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["test_checkpoint"] == str(averaged)
-    assert load_checkpoint(averaged, "cpu").translate(LINES)
+    assert 0 <= metrics["test"]["test/bleu"] <= 100
+    assert len(load_checkpoint(averaged, "cpu").translate(LINES)) == len(LINES)
 
 
 def test_a_multirun_of_one_gpu_jobs_runs_each_job_once(tmp_path):

@@ -769,6 +769,8 @@ def test_a_training_runs_writers_never_write_over_another_run_or_a_users_files(
     monkeypatch.setattr(ownership, "_first_process", lambda: False)
     validate(cfg)  # another rank of the launch: rank 0 checked
     monkeypatch.undo()
+    # W&B puts each run in a run-<id>/ of its own: a save_dir it shares is fine
+    validate(compose_train(["logger=wandb", f"logger.wandb.save_dir={user}"], tmp_path / "o3"))
     # the same writer in a new directory of its own is fine
     fresh = override.replace(str(other), str(tmp_path / "new")).replace(
         str(user), str(tmp_path / "new")

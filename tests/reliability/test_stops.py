@@ -91,11 +91,31 @@ def test_ctrl_c_stops_with_130_and_names_the_last_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sigterm_before_any_checkpoint_says_to_start_again(tmp_path):
+def test_a_sigint_before_any_checkpoint_says_to_start_again(tmp_path):
+    """Ctrl-C saves nothing (SIGTERM saves the update it stopped at): before the first
+    checkpoint there is nothing to resume from."""
     stopped = cli([*cli_overrides(tmp_path), *RUN, *_signal_at(2, "SIGINT")], tmp_path)
     assert stopped.returncode == 128 + signal.SIGINT
     (line,) = _error_lines(stopped.stderr)
     assert line.endswith("at update 2; no checkpoint was written yet: start it again")
+
+
+@pytest.mark.slow
+def test_a_sigterm_names_the_last_checkpoint_where_the_callback_keeps_it(tmp_path):
+    """callbacks.last_checkpoint.dirpath outside the run (a directory of its own): the line
+    and metrics.json name the last.ckpt written there, not the run's checkpoints/."""
+    elsewhere = tmp_path / "elsewhere"
+    args = [*cli_overrides(tmp_path), *RUN, f"callbacks.last_checkpoint.dirpath={elsewhere}"]
+    stopped = cli([*args, *_signal_at(5, "SIGTERM")], tmp_path)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    last = elsewhere / "last.ckpt"
+    assert _error_lines(stopped.stderr) == [
+        f"error: SIGTERM stopped the run while training, at update 6; resume with "
+        f"ckpt_path={last} (update 6)"
+    ]
+    (run,) = run_dirs(tmp_path)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["last_checkpoint"], metrics["last_checkpoint_update"]) == (str(last), 6)
 
 
 @pytest.mark.slow

@@ -5,12 +5,12 @@ marked slow)."""
 from __future__ import annotations
 
 import itertools
-import socket
 import subprocess
 import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,15 +18,20 @@ from torch.distributed import TCPStore
 
 from aiayn.callbacks import peers
 from aiayn.callbacks.peers import PeerWatch, Verdict
+from tests.helpers import free_port
 
 SILENCE = 0.6  # seconds (the watches beat every SILENCE / 15 seconds, at least 0.1)
 
 
+@pytest.fixture(autouse=True)
+def _phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Rank` sets the fit counter of each emulated process: restored after each test."""
+    monkeypatch.setattr(peers, "_PHASES", peers._PHASES)
+
+
 @pytest.fixture
 def store(monkeypatch: pytest.MonkeyPatch) -> TCPStore:
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     server = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
@@ -44,6 +49,7 @@ class Rank:
         procs: list | None = None,
         silence: float = SILENCE,
         phase: int = 1,
+        last: Path | None = None,
     ) -> None:
         launcher = SimpleNamespace(procs=procs or [])
         self.trainer = SimpleNamespace(
@@ -52,7 +58,7 @@ class Rank:
             global_step=7,
             strategy=SimpleNamespace(launcher=launcher),
         )
-        self.watch = PeerWatch(silence)
+        self.watch = PeerWatch(silence, last)
         self.verdicts: list[Verdict] = []
         self.ended = threading.Event()
         self.watch.on_verdict = self._record
@@ -82,6 +88,22 @@ def test_a_silent_rank_is_named_by_its_neighbour_and_the_others_stay_quiet(store
         "rank 2 of this 3-process run died near update 7 (not heard from for 0.6 s); "
         "check rank 2's log and memory"
     )
+
+
+def test_a_rank_not_heard_from_yet_is_given_the_startup_time(store, monkeypatch):
+    """A rank that reaches `setup` late (its data setup took longer) is not named within the
+    silence; one never heard from at all is named once STARTUP_S has passed."""
+    early = Rank(0, 2)
+    time.sleep(4 * SILENCE)  # rank 1 not started yet: longer than the silence
+    late = Rank(1, 2)
+    time.sleep(2 * SILENCE)
+    assert early.verdicts == [] and late.verdicts == []
+    for rank in (early, late):
+        rank.watch.teardown(rank.trainer, None, "fit")
+    monkeypatch.setattr(peers, "STARTUP_S", 2 * SILENCE)
+    alone = Rank(0, 2, phase=2)  # its neighbour never starts
+    assert alone.ended.wait(10)
+    assert alone.verdicts == [Verdict((1,), f"not heard from for {2 * SILENCE:g} s", True)]
 
 
 def test_a_rank_that_finished_is_not_named(store):
@@ -126,24 +148,24 @@ def test_a_lost_store_names_rank_0_which_holds_it_in_one_line(monkeypatch, tmp_p
     """The store lives in another process (rank 0's, as under Lightning's launcher or srun);
     when it is killed, ranks 1 and 2 name rank 0 at their next beat, long before the
     silence, and only the first to mark it beside the checkpoints prints the line."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     serve = "import sys, time; from datetime import timedelta; from torch.distributed import "
     serve += f"TCPStore; s = TCPStore('127.0.0.1', {port}, is_master=True); "
     serve += "print('up', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
     (tmp_path / "checkpoints").mkdir()
+    stale = tmp_path / "checkpoints" / f".store-lost-127.0.0.1-{port}-aiayn-peers-0-1"
+    stale.touch()  # an earlier launch's (a requeue): rank 0's setup removes it
     try:
         assert holder.stdout.readline() == "up\n"
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
         monkeypatch.setenv("MASTER_PORT", str(port))
         monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-        ranks = []
-        for r in (1, 2):
-            rank = Rank(r, 3, silence=15)  # beats every second; never silent long enough
-            rank.watch.last_checkpoint = tmp_path / "checkpoints" / "last.ckpt"
-            ranks.append(rank)
+        last = tmp_path / "checkpoints" / "last.ckpt"
+        first = Rank(0, 3, silence=15, last=last)  # beats every second; never silent long enough
+        assert not stale.exists()
+        first.die()  # rank 0's process (it holds the store) is killed below
+        ranks = [Rank(r, 3, silence=15, last=last) for r in (1, 2)]
         time.sleep(1)
         assert not any(rank.verdicts for rank in ranks)
     finally:
@@ -191,6 +213,7 @@ def test_the_next_job_of_a_multirun_is_watched_afresh(store):
     for rank in first:
         rank.watch.teardown(rank.trainer, None, "fit")
     second = [Rank(r, 2, phase=2) for r in range(2)]  # each process's second fit
+    time.sleep(SILENCE)  # rank 1 beats a few times (a rank never heard from gets STARTUP_S)
     second[1].die()
     assert second[0].ended.wait(10)
     assert second[0].verdicts[0].dead == (1,)

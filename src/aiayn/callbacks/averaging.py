@@ -24,7 +24,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from aiayn.errors import CheckpointError
 from aiayn.inference.averaging import average_state_dicts
 from aiayn.inference.checkpoint import load_tensors, read_checkpoint, save_atomically
-from aiayn.training.sharding import whole_state_dict
 
 SNAPSHOT = re.compile(r"\.snapshot-step(\d+)\.pt")
 
@@ -80,9 +79,12 @@ class AverageCheckpoints(L.Callback):
         if step == self._step:  # the same decision on every rank (fsdp gathers below)
             return
         self._step = step
-        weights = whole_state_dict(pl_module, trainer.is_global_zero)  # fsdp: collective
+        # whole weights on rank 0 (trainer=fsdp: a gather every rank joins, since
+        # save_distributed_checkpoint=false is enforced; the others then get {})
+        weights = trainer.strategy.lightning_module_state_dict()
         if not trainer.is_global_zero:
             return
+        weights = {name: tensor.detach().cpu() for name, tensor in weights.items()}
         path = self.path(trainer).with_name(f".snapshot-step{step}.pt")
         save_atomically(weights, path)
         self.snapshots.append((step, path))

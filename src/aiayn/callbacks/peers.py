@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 # what torch.distributed (gloo) says when another process of the run is gone
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 STORE_TIMEOUT_S = 10  # a store request that takes longer: its holder is gone
+# a rank not heard from at all yet is given this long (or the silence, if longer): ranks reach
+# `setup` apart by as long as their data setup takes, and a late one is not a dead one
+STARTUP_S = 300.0
+STORE_LOST = ".store-lost-"  # the marker of the process that says a lost store
 _PHASES = itertools.count(1)  # fits and tests of this process (multirun jobs share the store)
 
 
@@ -100,6 +104,8 @@ class PeerWatch(L.Callback):
             return
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._trainer, self._prefix = trainer, f"aiayn/peers/{restart}/{phase}"
+        if trainer.global_rank == 0:  # an earlier launch's markers (a requeue reuses names)
+            self._remove_markers()
         self._verdict, self._stop = None, threading.Event()
         self._thread = threading.Thread(target=self._watch, name="aiayn-peer-watch", daemon=True)
         self._thread.start()
@@ -163,10 +169,11 @@ class PeerWatch(L.Callback):
                 verdict = self._children_verdict() or self._others_verdict()
                 if verdict is None and not self._store.check([self._key("done", neighbour)]):
                     count = self._store.add(self._key("beat", neighbour), 0)
+                    allowed = self.silence_s if count else max(self.silence_s, STARTUP_S)
                     if count != last:
                         last, since = count, time.monotonic()
-                    elif time.monotonic() - since >= self.silence_s:
-                        verdict = self._find(f"not heard from for {self.silence_s:g} s")
+                    elif time.monotonic() - since >= allowed:
+                        verdict = self._find(f"not heard from for {allowed:g} s")
                         since = time.monotonic()  # none gone after all: watch on
             except RuntimeError:  # the store's holder is gone (torch's store errors)
                 verdict = self._conclude(self._store_lost())
@@ -228,7 +235,7 @@ class PeerWatch(L.Callback):
         """Its holder is gone: every survivor finds that alone; the first to create a marker
         beside the run's checkpoints (a shared file system, as checkpoints need) says so."""
         address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        reporter = self._first_to_mark(f".store-lost-{address.replace(':', '-')}-{self._prefix}")
+        reporter = self._first_to_mark(f"{STORE_LOST}{address.replace(':', '-')}-{self._prefix}")
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             why = f"the first node's torchrun agent (store {address}) is gone"
             return Verdict((), why, reporter)
@@ -247,6 +254,12 @@ class PeerWatch(L.Callback):
         except OSError:
             return True
         return True
+
+    def _remove_markers(self) -> None:
+        if self.last_checkpoint is None or not self.last_checkpoint.parent.is_dir():
+            return
+        for marker in self.last_checkpoint.parent.glob(f"{STORE_LOST}*"):
+            marker.unlink(missing_ok=True)
 
     def _conclude(self, verdict: Verdict) -> Verdict:
         """This process's one verdict: the first found is kept."""

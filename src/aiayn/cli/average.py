@@ -47,10 +47,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--output", required=True, help="the averaged .ckpt to write")
     args = parser.parse_args(argv)
     if args.last is not None:
-        if args.last < 1:
-            raise AveragingError(
-                f"--last must be at least 1 (the number of newest checkpoints), got {args.last}"
-            )
         if len(args.inputs) != 1 or not Path(args.inputs[0]).is_dir():
             raise AveragingError("--last N takes one directory of checkpoints")
         paths = last_checkpoints(args.inputs[0], args.last)

@@ -111,6 +111,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
 
 def last_checkpoints(directory: str | Path, n: int) -> list[Path]:
     """The `n` checkpoints of `directory` with the highest global steps, oldest first."""
+    if n < 1:  # a slice [-0:] would take them all, [-(-1):] all but the oldest
+        raise AveragingError(
+            f"--last must be at least 1 (the newest checkpoints to average), got {n}"
+        )
     by_step: dict[int, Path] = {}
     for path in sorted(Path(directory).glob("*.ckpt"), key=lambda p: p.stat().st_mtime):
         checkpoint = read_checkpoint(path)

@@ -20,6 +20,8 @@ def _logprobs(model: torch.nn.Module, src: Tensor, tgt_in: Tensor) -> Tensor:
     ensemble's are the log of its members' mean."""
     members = model.members if isinstance(model, Ensemble) else [model]
     logprobs = [m(src, tgt_in, tgt_right_padded=True).float().log_softmax(-1) for m in members]
+    if len(logprobs) == 1:  # no (N, B, T, V) stack and logsumexp copies for one model
+        return logprobs[0]
     return torch.logsumexp(torch.stack(logprobs), dim=0) - math.log(len(logprobs))
 
 

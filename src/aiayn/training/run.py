@@ -23,6 +23,7 @@ import lightning as L
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, Timer
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -140,7 +141,7 @@ def build_trainer(config: TrainConfig, resumed_step: int | None = None) -> L.Tra
     gradients' (a SIGTERM is agreed on and `trainer.max_time`'s clock read at log steps), and
     a watch for dead ranks."""
     callbacks = [_instantiate(f"callbacks.{k}", c) for k, c in config.callbacks.items() if c]
-    last = Path(config.paths.output_dir) / "checkpoints" / "last.ckpt"
+    last = next((c.path for c in callbacks if isinstance(c, LastCheckpoint)), None)
     callbacks += [RNGState(), Throughput(), SigtermAtLogSteps()]
     callbacks += [PeerWatch(config.peer_silence_s, last)]
     show_progress = config.trainer.get("enable_progress_bar", True)
@@ -262,7 +263,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 metrics["train_tokens_per_sec"] = rate
                 target_rate = throughput.mean_rate(trainer.world_size, target_only=True)
                 metrics["train_target_tokens_per_sec"] = target_rate
-                # the count behind it (this attempt's, all ranks): benchmarks/peers' one clock
+                # the count behind it, this attempt's (benchmarks/peers' one clock): exact in
+                # one process; with several, this rank's times their number, as the rate is
                 metrics["train_target_tokens"] = throughput.target_tokens * trainer.world_size
             metrics["updates"] = trainer.global_step
             # train/mfu's denominator (aiayn.kernels.machine.mfu_peak): a GPU's datasheet peak,
@@ -274,7 +276,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             metrics["matmul_peak_gflops"] = measured / 1e9 if measured else None
         if config.test:  # the best checkpoint of this run, or the one given when not training
             checkpoint = _test_checkpoint(trainer, config) if config.train else config.ckpt_path
-            if type(trainer.strategy).__name__ == "ModelParallelStrategy":
+            if isinstance(trainer.strategy, ModelParallelStrategy):
                 # a test loads weights only: without this, Lightning's ModelParallelStrategy
                 # looks for the fit's optimizer states in the checkpoint (an average has none)
                 trainer.strategy.optimizers = []
@@ -555,17 +557,18 @@ def _stop_signal(trainer: L.Trainer, stop: SystemExit) -> str | None:
 def _stopped(trainer: L.Trainer, output_dir: Path, name: str, stage: str) -> StoppedError:
     """The error of a run a signal stopped, after writing what it has: `metrics.json`
     marked unfinished (`finished: false`, where and why it stopped, the checkpoint to resume
-    from). On SIGTERM `LastCheckpoint` has written the update it stopped at."""
-    last = output_dir / "checkpoints" / "last.ckpt"
+    from). On SIGTERM `LastCheckpoint` has written the update it stopped at. Rank 0 reads
+    and says it; the other ranks end quietly."""
+    last = _last_checkpoint(trainer)
     step, saved = trainer.global_step, None
-    if last.is_file():
+    if last is not None and trainer.is_global_zero:
         saved = int(read_checkpoint(last)["global_step"])
     metrics = {
         "finished": False,
         "stopped_by": name,
         "stopped_while": stage,
         "updates": step,
-        "last_checkpoint": str(last) if saved is not None else None,
+        "last_checkpoint": last if saved is not None else None,
         "last_checkpoint_update": saved,
         "run_dir": str(output_dir),
     }

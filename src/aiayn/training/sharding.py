@@ -3,11 +3,11 @@
 
 Each process keeps 1/N of every weight, gradient and Adam moment; a layer's weights are
 gathered for its forward and backward and freed after. Checkpoints and the averaging
-callback's snapshots hold whole weights (`whole_state_dict`). The units are the encoder and
-decoder layers, then the whole model (embeddings, output layer, final norms; tied weights stay
-in one unit). Decoding calls more than `forward` (the encoder, the cache of the
-cross-attention keys, one step at a time), so validation and test gather every weight for
-their duration (`gathered`), as DDP holds them all the time.
+callback's snapshots hold whole weights (Lightning's `lightning_module_state_dict`). The units
+are the encoder and decoder layers, then the whole model (embeddings, output layer, final
+norms; tied weights stay in one unit). Decoding calls more than `forward` (the encoder, the
+cache of the cross-attention keys, one step at a time), so validation and test gather every
+weight for their duration (`gathered`), as DDP holds them all the time.
 """
 
 from __future__ import annotations
@@ -74,23 +74,3 @@ def gathered(model: nn.Module) -> Iterator[None]:
             unit.reshard()
         for layer in layers:
             layer.set_reshard_after_forward(True, recurse=False)
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether `fully_shard` was applied to `model` or one of its modules."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(module, FSDPModule) for module in model.modules())
-
-
-def whole_state_dict(model: nn.Module, on_rank_zero: bool) -> dict[str, torch.Tensor]:
-    """`model`'s state dict with every tensor whole, on the CPU, under its usual names. For a
-    sharded model a collective that every process must join (`on_rank_zero`: True on global
-    rank 0, the one that receives the weights; the others get {})."""
-    if not is_sharded(model):
-        state = model.state_dict() if on_rank_zero else {}
-        return {name: tensor.detach().cpu() for name, tensor in state.items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
