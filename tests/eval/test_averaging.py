@@ -134,13 +134,15 @@ def test_a_resume_takes_up_the_snapshots_up_to_its_step(tmp_path):
         torch.save({"w": torch.full((2,), float(step))}, tmp_path / f".snapshot-step{step}.pt")
     (tmp_path / "other.pt").write_bytes(b"")  # not a snapshot: left alone
     callback = AverageCheckpoints(dirpath=str(tmp_path), last=2, every_n_steps=1)
-    trainer = SimpleNamespace(global_step=6, is_global_zero=True)
+    module = torch.nn.Linear(2, 2)
+    strategy = SimpleNamespace(lightning_module_state_dict=module.state_dict)
+    trainer = SimpleNamespace(global_step=6, is_global_zero=True, strategy=strategy)
     callback.on_train_start(trainer, None)
     assert [step for step, _ in callback.snapshots] == [4, 6]
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {".snapshot-step4.pt", ".snapshot-step6.pt", "other.pt"}
     trainer.global_step = 7
-    callback.on_train_batch_end(trainer, torch.nn.Linear(2, 2))
+    callback.on_train_batch_end(trainer, module)
     assert [step for step, _ in callback.snapshots] == [6, 7]
     assert not (tmp_path / ".snapshot-step4.pt").exists()
     fresh = AverageCheckpoints(dirpath=str(tmp_path), last=2)

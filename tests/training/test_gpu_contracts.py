@@ -272,10 +272,14 @@ def test_averaging_snapshots_are_kept_by_rank_zero_only(tmp_path):
     module = torch.nn.Linear(2, 2)
     for zero in (True, False):
         callback = AverageCheckpoints(dirpath=str(tmp_path / str(zero)), last=3, every_n_steps=1)
-        trainer = SimpleNamespace(global_step=1, is_global_zero=zero)
+        strategy = SimpleNamespace(lightning_module_state_dict=module.state_dict)
+        trainer = SimpleNamespace(global_step=1, is_global_zero=zero, strategy=strategy)
         callback.on_train_batch_end(trainer, module)
         assert len(callback.snapshots) == (1 if zero else 0)
-        assert (tmp_path / str(zero) / ".snapshot-step1.pt").is_file() is zero
+        snapshot = tmp_path / str(zero) / ".snapshot-step1.pt"
+        assert snapshot.is_file() is zero
+    saved = torch.load(tmp_path / "True" / ".snapshot-step1.pt", weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in module.state_dict().items())
 
 
 def test_batches_are_pinned_for_a_cuda_device(tmp_path, monkeypatch):
