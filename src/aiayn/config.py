@@ -25,7 +25,7 @@ from omegaconf import ListConfig, OmegaConf
 
 from aiayn import launchers
 from aiayn.data.prepare import PrepareConfig
-from aiayn.errors import CLAIMED_RUN_DIRS, ConfigError
+from aiayn.errors import CLAIMED_RUN_DIRS, ConfigError, exit_in_hydra
 from aiayn.export.config import EXPORT_FORMATS, ExportConfig
 from aiayn.inference.config import (
     EVAL_MODES,
@@ -132,15 +132,30 @@ def sweep_dir(resume: str | None, default: str) -> str:
 
 
 def _claim_dir(base: Path) -> str:
-    base.parent.mkdir(parents=True, exist_ok=True)
+    """`base`, or `base_<n>` where that exists: created here, so that no other command takes
+    it. One line and exit 1 where it cannot be created (Hydra resolves this for its own
+    directories, where an exception would be a traceback)."""
+    claimed: list[str] = []
+    exit_in_hydra(lambda: claimed.append(_create_new(base)))
+    return claimed[0]
+
+
+def _create_new(base: Path) -> str:
     candidate, attempt = base, 0
-    while True:
-        try:
-            candidate.mkdir()
-            return str(candidate)
-        except FileExistsError:
-            attempt += 1
-            candidate = base.with_name(f"{base.name}_{attempt}")
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                candidate.mkdir()
+                return str(candidate)
+            except FileExistsError:
+                attempt += 1
+                candidate = base.with_name(f"{base.name}_{attempt}")
+    except OSError as error:
+        raise ConfigError(
+            f"cannot create the run directory {candidate} ({error.strerror or error}): set "
+            "paths.log_dir (or AIAYN_LOG_DIR) to a directory you can write"
+        ) from None
 
 
 def check_edits_of_unset_group(overrides: list[str], group: str, why: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import os
 import re
 import shutil
@@ -157,6 +158,19 @@ HYDRA_ONLY = re.compile(r"\.hydra|\w+\.log|\.aiayn\.lock")
 # the jobs of this process's Hydra multirun that failed with an AiaynError: (job, message)
 FAILED_JOBS: list[tuple[str, str]] = []
 FAILED_FILE = "FAILED"  # written into a failed job's directory, with its error
+
+
+def exit_in_hydra(check: Callable[[], Any]) -> None:
+    """Run `check` inside Hydra's own machinery (a callback, an interpolation Hydra resolves
+    for its directories), where Hydra would turn an exception into a warning and go on, or
+    into a traceback: an `AiaynError` prints its one line and ends the command here, exit 1."""
+    try:
+        check()
+    except AiaynError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+        sys.exit(1)
 
 
 def exit_on_error(function: F) -> F:

@@ -100,6 +100,7 @@ def check_output(
             )
     if path.is_dir():
         raise OutputError(f"{given} is a directory: name a file to write")
+    check_parent(path, given)
     target = file_id(path)
     for what, source in (inputs or {}).items():
         for other in _paths(source):
@@ -120,6 +121,29 @@ def check_output(
             f"{given} has {links - 1} other hard link(s): writing would change them too; "
             f"choose another {key}"
         )
+
+
+def check_output_dir(directory: PathLike, key: str) -> Path:
+    """Refuse (`OutputError`) a directory to write into that is a file or cannot be created
+    (`check_parent`); returns it as a Path."""
+    path = Path(directory)
+    given = f"{key}={os.fspath(directory)}"
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{given} is a file: name a directory")
+    check_parent(path, given)
+    return path
+
+
+def check_parent(path: Path, given: str) -> None:
+    """Refuse (`OutputError`) a path that cannot be created: its nearest existing ancestor is
+    not a directory (`out.txt/x`) or is one nobody may create files in."""
+    ancestor = next(p for p in (path.absolute().parent, *path.absolute().parents) if p.exists())
+    if not ancestor.is_dir():
+        raise OutputError(
+            f"{given} lies under {ancestor}, which is a file: name a path in a directory"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"{given}: {ancestor} is not writable here; name a path you can write")
 
 
 def run_around(directory: Path) -> Path | None:

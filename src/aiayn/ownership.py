@@ -18,23 +18,21 @@ the processes Lightning's own launcher starts, join the directory rank 0 claimed
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import fcntl
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.errors import AiaynError, ConfigError
+from aiayn.errors import ConfigError, exit_in_hydra
 from aiayn.launchers import external_launch, started_by_lightning
-from aiayn.outputs import run_around
+from aiayn.outputs import check_output_dir, run_around
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +86,7 @@ def _first_process() -> bool:
 
 def check_run_dir(config: DictConfig) -> Path:
     """`hydra.run.dir` of `config`, refused where it holds another run (see the module)."""
-    directory = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+    directory = check_output_dir(str(OmegaConf.select(config, "hydra.run.dir")), "hydra.run.dir")
     run = holds_run(directory)
     if run is None or _resumes(config, run):
         return directory
@@ -107,7 +105,9 @@ def check_run_dir(config: DictConfig) -> Path:
 def check_sweep_dir(config: DictConfig) -> Path:
     """`hydra.sweep.dir` of `config`, refused where it holds a sweep already and this launch
     does not relaunch it (`resume_sweep`), or lies inside a run."""
-    directory = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+    directory = check_output_dir(
+        str(OmegaConf.select(config, "hydra.sweep.dir")), "hydra.sweep.dir"
+    )
     relaunch = OmegaConf.select(config, "resume_sweep", default=None)
     if (directory / "multirun.yaml").is_file() and not relaunch:
         raise ConfigError(
@@ -193,21 +193,9 @@ class OwnDirectory(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if OmegaConf.select(config, "hydra.output_subdir") is None or not _first_process():
             return  # a process of a launch whose first process claims the directory
-        exit_on_callback_error(lambda: lock(check_run_dir(config), "run"))
+        exit_in_hydra(lambda: lock(check_run_dir(config), "run"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not _first_process():
             return
-        exit_on_callback_error(lambda: lock(check_sweep_dir(config), "sweep"))
-
-
-def exit_on_callback_error(check: Any) -> None:
-    """Hydra turns a callback's exception into a warning and goes on: print the one line and
-    stop here instead."""
-    try:
-        check()
-    except AiaynError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception):
-            logging.shutdown()
-        sys.exit(1)
+        exit_in_hydra(lambda: lock(check_sweep_dir(config), "sweep"))

@@ -805,3 +805,114 @@ def test_translate_never_writes_over_the_corpus_its_checkpoints_run_trained_on(t
         check_output(str(corpus / "train.de"), "output", _inputs(config))
     assert (corpus / "train.de").read_bytes() == before
     check_output(str(tmp_path / "hyp.de"), "output", _inputs(config))  # a new file: fine
+
+
+# ---------------------------------------------- outputs that cannot be created: one line each
+
+
+UNCREATABLE = {  # where the output goes -> the words of the refusal
+    "under a file": ("{file}/out.txt", "lies under {file}, which is a file"),
+    "under a file, deeper": ("{file}/a/b/out.txt", "lies under {file}, which is a file"),
+    "in a directory nobody may write": ("{locked}/out.txt", "is not writable here"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNCREATABLE))
+def test_an_output_that_cannot_be_created_is_refused_before_any_work(case, tmp_path):
+    """translate's output, average's and curves' -o (check_output), and the directories of
+    visualize, export and Hydra's runs and sweeps (check_output_dir): an output under a file
+    or in a directory no one may write is one line, not an OSError from deep inside."""
+    import os
+
+    from aiayn.outputs import check_output, check_output_dir
+
+    if case.startswith("in a directory nobody") and os.geteuid() == 0:
+        pytest.skip("root may write anywhere: the permission check cannot refuse it")
+    (tmp_path / "afile").write_text("mine\n")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    where, words = (
+        s.format(file=tmp_path / "afile", locked=tmp_path / "locked") for s in UNCREATABLE[case]
+    )
+    with pytest.raises(OutputError, match=re.escape(words)):
+        check_output(where, "output")
+    with pytest.raises(OutputError, match=re.escape(words)):
+        check_output_dir(str(Path(where).parent / "dir"), "output_dir")
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_an_output_directory_that_is_a_file_is_refused(tmp_path):
+    from aiayn.outputs import check_output_dir
+
+    (tmp_path / "afile").write_text("mine\n")
+    with pytest.raises(OutputError, match=r"output_dir=.*afile is a file: name a directory"):
+        check_output_dir(tmp_path / "afile", "output_dir")
+    assert check_output_dir(tmp_path / "new" / "dir", "output_dir") == tmp_path / "new" / "dir"
+
+
+RUN_DIRS = {  # a command's directories under a file -> the words of its one line
+    "train hydra.run.dir": (["hydra.run.dir={file}/r"], "hydra.run.dir={file}/r lies under"),
+    "train paths.log_dir": (["paths.log_dir={file}/logs"], "cannot create the run directory"),
+    "a sweep's hydra.sweep.dir": (
+        ["-m", "seed=1,2", "hydra.sweep.dir={file}/s"],
+        "hydra.sweep.dir={file}/s lies under",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_DIRS))  # each refused in about 2 s
+def test_a_run_directory_that_cannot_be_created_is_one_line(case, tmp_path):
+    """Hydra makes these directories in its own machinery (an interpolation, a callback),
+    where an exception was a 40-line traceback: now one line and exit 1, nothing created."""
+    from tests.helpers import cli
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    args, words = RUN_DIRS[case]
+    args = [a.format(file=afile) for a in args]
+    flags = [a for a in args if a.startswith("-")]  # -m before the overrides
+    result = cli([*flags, "model=tiny", *[a for a in args if a not in flags]], tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and words.format(file=afile) in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert afile.read_text() == "mine\n"
+
+
+# ------------------------------------------------- decode values: finite, and room to decode
+
+DECODE_VALUES = {  # DecodeConfig settings -> the words of the refusal
+    "length_penalty nan": ({"length_penalty": float("nan")}, "length_penalty must be a finite"),
+    "max_len_a inf": ({"max_len_a": float("inf")}, "max_len_a must be a finite number"),
+    "max_len_a nan": ({"max_len_a": float("nan")}, "max_len_a must be a finite number"),
+    "temperature inf": ({"temperature": float("inf")}, "temperature must be a finite number"),
+    "max_len_b -100 with a 0": (
+        {"max_len_a": 0, "max_len_b": -100},
+        "max_len_b=-100 with max_len_a=0 cuts every output to one token",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECODE_VALUES))
+def test_a_decode_value_that_cannot_decode_is_named(case):
+    """NaN and infinite settings (accepted before, with nan scores, or an OverflowError from
+    deep inside) and a length limit that leaves one token are refused by name."""
+    from aiayn.model.generate import DecodeConfig
+
+    settings, words = DECODE_VALUES[case]
+    with pytest.raises(ValueError, match=re.escape(words)):
+        DecodeConfig(**settings)
+    assert DecodeConfig(max_len_a=1.5, max_len_b=-2).max_len_b == -2  # room left: fine
+
+
+def test_a_beam_wider_than_the_target_vocabulary_is_refused(run_dir):
+    """A beam wider than the target vocabulary (which ran on and on before) is one line
+    naming the vocabulary, for the torch and the CTranslate2 engines alike (`check_beam`)."""
+    from aiayn.inference import load_checkpoint
+
+    translator = load_checkpoint(run_dir / "checkpoints" / "last.ckpt", "cpu")
+    vocab = translator.tokenizers.tgt_vocab_size
+    with pytest.raises(ConfigError, match=rf"decode\.beam_size={vocab + 1} exceeds the target"):
+        translator.with_settings({"strategy": "beam", "beam_size": vocab + 1})
+    assert (
+        translator.with_settings({"strategy": "beam", "beam_size": vocab}).decode.beam_size == vocab
+    )

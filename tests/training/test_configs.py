@@ -155,6 +155,11 @@ def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, n
         (["+val_decode.beam_width=3"], "beam_width"),
         (["+val_decode.strategy=nucleus"], "decode.strategy"),
         (["peer_silence_s=0"], "peer_silence_s must be > 0"),
+        # Lightning divides by these: a ZeroDivisionError mid-run before
+        (["trainer.accumulate_grad_batches=0"], r"trainer\.accumulate_grad_batches=0 must be > 0"),
+        (["trainer.val_check_interval=0"], r"trainer\.val_check_interval=0 must be > 0"),
+        (["trainer.val_check_interval=-0.5"], r"trainer\.val_check_interval=-0\.5 must be > 0"),
+        (["trainer.check_val_every_n_epoch=0"], r"trainer\.check_val_every_n_epoch=0 must be"),
     ],
 )
 def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):

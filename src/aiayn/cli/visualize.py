@@ -18,12 +18,14 @@ from aiayn.errors import exit_on_error
 from aiayn.inference.attention import attention_example, save_pngs
 from aiayn.inference.checkpoint import load_checkpoint
 from aiayn.inference.config import VisualizeConfig
+from aiayn.outputs import check_output_dir
 from aiayn.schema import to_schema
 
 
 def run(cfg: DictConfig | dict) -> list:
     """Write the heatmaps; returns their paths."""
     config = to_schema(cfg, VisualizeConfig)
+    check_output_dir(config.output_dir, "output_dir")
     translator = load_checkpoint(config.ckpt_path, config.device)  # type: ignore[arg-type]
     translator = translator.with_settings(config.decode.given())
     example = attention_example(translator, config.sentence, config.target)  # type: ignore[arg-type]

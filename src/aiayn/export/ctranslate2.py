@@ -35,7 +35,7 @@ from aiayn.data.tokenizer import Tokenizers
 from aiayn.errors import CheckpointError, ConfigError, writing
 from aiayn.model import Model, ModelConfig, Transformer
 from aiayn.model.attention import SharedHeadProjection
-from aiayn.outputs import EXPORT_FILES
+from aiayn.outputs import EXPORT_FILES, check_output_dir
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "float16", "bfloat16")
 METADATA = "aiayn.json"
@@ -257,6 +257,7 @@ def export(
     ctranslate2_module()
     ckpt_path, output_dir = Path(ckpt_path), Path(output_dir)
     check_replaceable(output_dir, force)
+    check_output_dir(output_dir, "output_dir")
     return _convert(ckpt_path, output_dir, quantization)
 
 

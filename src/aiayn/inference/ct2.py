@@ -34,7 +34,7 @@ from aiayn.export.ctranslate2 import (
     vocabulary,
 )
 from aiayn.inference.checkpoint import check_cuda
-from aiayn.inference.translator import Translator, decode_config
+from aiayn.inference.translator import Translator, check_beam, decode_config
 from aiayn.model import DecodeConfig, Hypothesis, ModelConfig
 from aiayn.model.generate import max_output_lengths
 
@@ -136,6 +136,7 @@ class CT2Translator(Translator):
     ) -> CT2Translator:
         """A translator on the same loaded engine with `decode` keys on top of this one's."""
         settings = decode_config(self.decode, decode or {})
+        check_beam(settings, self.tokenizers.tgt_vocab_size)
         return CT2Translator(
             self.directory,
             self.ct2_device,

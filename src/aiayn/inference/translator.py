@@ -48,6 +48,16 @@ def decode_config(base: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig
         raise ConfigError(str(error).replace("DecodeConfig.", "decode.")) from None
 
 
+def check_beam(decode: DecodeConfig, vocab_size: int) -> None:
+    """A beam wider than the target vocabulary has nothing to fill it with (and holds beam x
+    vocabulary scores a step): ConfigError."""
+    if decode.strategy == "beam" and decode.beam_size > vocab_size:
+        raise ConfigError(
+            f"decode.beam_size={decode.beam_size} exceeds the target vocabulary "
+            f"({vocab_size} tokens): choose a beam of at most {vocab_size}"
+        )
+
+
 class Translator:
     """Translate with `model` (put it in eval mode first) and `tokenizers`, decoding as `decode`
     says. `max_src_tokens = max_positions - 1` (the source gets `<eos>` appended)."""
@@ -77,6 +87,7 @@ class Translator:
     ) -> Translator:
         """A Translator on the same model with `decode` keys on top of this one's settings."""
         settings = decode_config(self.decode, decode or {})
+        check_beam(settings, self.tokenizers.tgt_vocab_size)
         return Translator(self.model, self.tokenizers, settings, on_long or self.on_long)
 
     def decoding(self) -> AbstractContextManager[None]:

@@ -24,6 +24,7 @@ its score is that of the model's own log-probabilities of the drawn tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -97,18 +98,30 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.top_k must be an integer >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"DecodeConfig.top_p must lie in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
-            raise ValueError(f"DecodeConfig.temperature must be positive, got {self.temperature!r}")
+        if not _finite(self.temperature) or not self.temperature > 0:
+            raise ValueError(
+                f"DecodeConfig.temperature must be a finite number > 0, got {self.temperature!r}"
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"DecodeConfig.seed must be an integer, got {self.seed!r}")
         for name in ("length_penalty", "max_len_a"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"DecodeConfig.{name} must be a number >= 0, got {value!r}")
+            if not _finite(value) or value < 0:
+                raise ValueError(f"DecodeConfig.{name} must be a finite number >= 0, got {value!r}")
         if self.prefix is not None and not isinstance(self.prefix, str):
             raise ValueError(f"DecodeConfig.prefix must be text, got {self.prefix!r}")
         if not isinstance(self.max_len_b, int) or isinstance(self.max_len_b, bool):
             raise ValueError(f"DecodeConfig.max_len_b must be an integer, got {self.max_len_b!r}")
+        if self.max_len_a == 0 and self.max_len_b < 1:
+            raise ValueError(
+                f"DecodeConfig.max_len_b={self.max_len_b} with max_len_a=0 cuts every output to "
+                "one token: the limit is max_len_a * source length + max_len_b"
+            )
+
+
+def _finite(value: Any) -> bool:
+    """A real number (not a bool), neither infinite nor NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass

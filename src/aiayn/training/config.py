@@ -137,6 +137,14 @@ class TrainConfig:
             )
 
 
+# trainer keys Lightning divides by (a 0 was a ZeroDivisionError mid-run), and what they mean
+POSITIVE_TRAINER_KEYS = {
+    "accumulate_grad_batches": "batches an update",
+    "val_check_interval": "batches, or the fraction of an epoch, between validations",
+    "check_val_every_n_epoch": "epochs between validations; null: validate by val_check_interval",
+}
+
+
 def check_trainer_kwargs(trainer: dict[str, Any]) -> None:
     """Reject `trainer.*` keys that `lightning.Trainer` does not take, before any work."""
     from lightning import Trainer
@@ -162,6 +170,10 @@ def check_trainer_kwargs(trainer: dict[str, Any]) -> None:
                 f"trainer.{key}={value!r}: lightning.Trainer takes "
                 f"{_type_name(hints[key])} for {key}"
             )
+    for key, why in POSITIVE_TRAINER_KEYS.items():
+        value = trainer.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and not value > 0:
+            raise ConfigError(f"trainer.{key}={value!r} must be > 0 ({why})")
 
 
 def _accepts(annotation: Any, value: Any) -> bool:

@@ -30,8 +30,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from aiayn.errors import ConfigError
-from aiayn.ownership import exit_on_callback_error
+from aiayn.errors import ConfigError, exit_in_hydra
 from aiayn.records import finished, read_metrics
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,7 @@ class ResumeSweep(Callback):
         directory = OmegaConf.select(config, KEY, default=None)
         if not directory:
             return
-        exit_on_callback_error(lambda: check_relaunch(Path(directory), config))
+        exit_in_hydra(lambda: check_relaunch(Path(directory), config))
         log.info("%s: resuming the sweep in %s", KEY, directory)
 
 
