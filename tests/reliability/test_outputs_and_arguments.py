@@ -916,3 +916,47 @@ def test_a_beam_wider_than_the_target_vocabulary_is_refused(run_dir):
     assert (
         translator.with_settings({"strategy": "beam", "beam_size": vocab}).decode.beam_size == vocab
     )
+
+
+# -------------------------------------------- a checkpoint's stored settings, damaged or foreign
+
+DAMAGED = {  # what the copy of the checkpoint holds -> the words of the refusal
+    "a model key of another version": (
+        ("hyper_parameters", "model", "zzz"),
+        1,
+        "stored model settings do not load (config key 'zzz'",
+    ),
+    "d_model as text": (("hyper_parameters", "model", "d_model"), "sixty", "config key 'd_model'"),
+    "heads that do not divide d_model": (
+        ("hyper_parameters", "model", "num_heads"),
+        3,
+        "num_heads",
+    ),
+    "model settings missing": (("hyper_parameters", "model"), None, "ModelConfig hyper-parameters"),
+    "a beam of 0": (
+        ("hyper_parameters", "decode", "beam_size"),
+        0,
+        "stored decode settings do not load",
+    ),
+    "decode as text": (("hyper_parameters", "decode"), "beam", "DecodeConfig hyper-parameters"),
+    "a tokenizer that is not JSON": (("tokenizers", "joint"), "{bad", "the tokenizer it carries"),
+    "weights as a list": (("state_dict",), [1, 2], "state_dict is not a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_a_checkpoint_with_damaged_settings_is_one_line_naming_it(case, run_dir, tmp_path):
+    """translate, evaluate, export and visualize load through `load_checkpoint`: a stored
+    setting of another version or a damaged one was a TypeError or ValueError traceback."""
+    from aiayn.inference import load_checkpoint
+
+    keys, value, words = DAMAGED[case]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    node = checkpoint
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    damaged = tmp_path / "damaged.ckpt"
+    torch.save(checkpoint, damaged)
+    with pytest.raises(CheckpointError, match=re.escape(words)):
+        load_checkpoint(damaged, "cpu")

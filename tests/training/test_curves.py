@@ -40,3 +40,24 @@ def test_a_run_without_csv_history_is_one_line(tmp_path, capsys):
         main([str(tmp_path)])
     assert exit_info.value.code == 1
     assert "logger=csv" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "rows, args, words",
+    [
+        (["0,10,,,abc,12.5"], [], "metrics.csv, line 2: column val/loss holds 'abc', not a number"),
+        (["0,9,soon,5.0,,", "0,10,,,4.0,"], [], "line 2: column train/elapsed_min holds 'soon'"),
+        (["0,10,,,4.0,12.5"], ["-o", "{dir}/curves.txt"], "cannot write a .txt picture"),
+    ],
+    ids=["a damaged cell", "a damaged minute", "a file type matplotlib lacks"],
+)
+def test_a_damaged_history_or_an_unknown_picture_type_is_one_line(
+    rows, args, words, tmp_path, capsys
+):
+    run = _run(tmp_path / "run", rows)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(run), *[a.format(dir=tmp_path) for a in args]])
+    assert exit_info.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and words in line
+    assert not (tmp_path / "curves.txt").exists() and not (run / "curves.png").exists()

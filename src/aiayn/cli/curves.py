@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from pathlib import Path
 
 from aiayn.errors import AiaynError, exit_on_error
@@ -22,26 +23,54 @@ def validation_curve(run_dir: Path) -> list[dict[str, float]]:
     if not path.is_file():
         raise AiaynError(f"{path} not found: give a run directory written with logger=csv")
     with open(path, newline="") as file:
-        rows = list(csv.DictReader(file))
+        reader = csv.DictReader(file)
+        rows = [(reader.line_num, row) for row in reader]
     minutes: dict[int, float] = {}
-    for row in rows:
+    for line, row in rows:
         if row.get("train/elapsed_min"):
-            minutes[int(row["step"])] = float(row["train/elapsed_min"])
+            step = int(_number(row, "step", path, line))
+            minutes[step] = _number(row, "train/elapsed_min", path, line)
     curve = []
-    for row in rows:
+    for line, row in rows:
         if not row.get("val/loss"):
             continue
-        step = int(row["step"])
+        step = int(_number(row, "step", path, line))
         known = [s for s in minutes if s <= step]
         curve.append(
             {
                 "step": step,
                 "minutes": minutes[max(known)] if known else float("nan"),
-                "val/loss": float(row["val/loss"]),
-                "val/bleu": float(row["val/bleu"]) if row.get("val/bleu") else float("nan"),
+                "val/loss": _number(row, "val/loss", path, line),
+                "val/bleu": _number(row, "val/bleu", path, line)
+                if row.get("val/bleu")
+                else math.nan,
             }
         )
     return curve
+
+
+def _number(row: dict[str, str], key: str, path: Path, line: int) -> float:
+    """The number in column `key`; AiaynError naming the file, line and column if it is not."""
+    try:
+        return float(row[key])
+    except (KeyError, TypeError, ValueError):
+        raise AiaynError(
+            f"{path}, line {line}: column {key} holds {row.get(key)!r}, not a number: a "
+            "damaged or hand-edited metrics file"
+        ) from None
+
+
+def check_picture(output: Path) -> None:
+    """A file type matplotlib writes (the suffix), else AiaynError listing them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    suffix = output.suffix.lstrip(".").lower()
+    if suffix and suffix not in kinds:
+        raise AiaynError(
+            f"-o {output}: matplotlib cannot write a .{suffix} picture; use one of "
+            f"{', '.join('.' + k for k in sorted(kinds))}"
+        )
 
 
 def plot(curves: dict[str, list[dict[str, float]]], output: Path, title: str) -> None:
@@ -83,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             raise AiaynError(f"{run_dir}: no validation rows in csv/metrics.csv")
     output = args.output or args.run_dir[0] / "curves.png"
     check_output(output, "-o", {"a run's": [d / "csv" / "metrics.csv" for d in args.run_dir]})
+    check_picture(output)
     plot(curves, output, args.title or " vs ".join(curves))
     for label, curve in curves.items():
         print(f"{label}\n| step | minutes | val/loss | val/bleu |\n|---:|---:|---:|---:|")

@@ -23,7 +23,7 @@ from aiayn.inference.translator import Translator
 from aiayn.kernels import accelerate
 from aiayn.kernels.machine import bf16_native
 from aiayn.model import DecodeConfig, ModelConfig, build_model
-from aiayn.schema import to_schema
+from aiayn.schema import SCHEMA_KEYS, to_schema
 
 MODEL_PREFIX = "model."  # the Transformer's weights inside the LightningModule's state_dict
 
@@ -111,9 +111,9 @@ def load_checkpoint(
     path = Path(ckpt_path)
     checkpoint = read_checkpoint(path)
     hparams = checkpoint.get("hyper_parameters") or {}
-    if "model" not in hparams:
+    if not isinstance(hparams, dict) or "model" not in hparams:
         raise CheckpointError(f"{path} has no model hyper-parameters: not an aiayn checkpoint")
-    config = ModelConfig(**hparams["model"])
+    config = _settings(path, hparams["model"], ModelConfig)
     model = build_model(config)
     weights = model_weights(checkpoint)
     try:
@@ -122,14 +122,34 @@ def load_checkpoint(
         raise CheckpointError(f"{path}: weights do not fit its model config ({error})") from None
     tokenizers = _tokenizers(path, checkpoint.get("tokenizers"), tokenizer)
     _check_vocab(tokenizers, config, tokenizer or str(path))
-    decode = DecodeConfig(**hparams.get("decode", {}))
+    decode = _settings(path, hparams.get("decode") or {}, DecodeConfig)
     where = resolve_device(device)
     model = accelerate(model.to(where, resolve_dtype(dtype, where)).eval(), "auto")
     return Translator(model, tokenizers, decode)
 
 
+def _settings(path: Path, stored: Any, schema: type) -> Any:
+    """The checkpoint's stored `model` or `decode` settings as `schema`; a CheckpointError
+    naming the checkpoint and the key where they are not that (damaged, or written by
+    another version of aiayn)."""
+    if not isinstance(stored, dict):
+        raise CheckpointError(
+            f"{path}: its {schema.__name__} hyper-parameters are {type(stored).__name__}, not "
+            "settings: a damaged checkpoint or not aiayn's"
+        )
+    try:
+        return to_schema(stored, schema)
+    except ConfigError as error:
+        raise CheckpointError(
+            f"{path}: its stored {SCHEMA_KEYS[schema.__name__]} settings do not load ({error}); "
+            "a damaged checkpoint, or one written by another version of aiayn"
+        ) from None
+
+
 def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The Transformer's state_dict inside a checkpoint (the module's `model.` entries)."""
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        raise CheckpointError("the checkpoint's state_dict is not a mapping of weights: damaged")
     return {
         key.removeprefix(MODEL_PREFIX): value
         for key, value in checkpoint["state_dict"].items()
@@ -181,7 +201,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def _tokenizers(path: Path, state: dict[str, str] | None, given: str | None) -> Tokenizers:
-    own = Tokenizers.from_state(state) if state else None
+    try:
+        own = Tokenizers.from_state(state) if state else None
+    except Exception as error:  # the tokenizers library's own, of any type
+        if given is None:
+            raise CheckpointError(
+                f"{path}: the tokenizer it carries does not load ({error}): a damaged "
+                "checkpoint; give tokenizer=<run dir>/tokenizer.json of its run"
+            ) from None
+        own = None  # nothing to compare the given one with
     if given is None:
         if own is None:
             raise CheckpointError(
