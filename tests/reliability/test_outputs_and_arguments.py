@@ -960,3 +960,25 @@ def test_a_checkpoint_with_damaged_settings_is_one_line_naming_it(case, run_dir,
     torch.save(checkpoint, damaged)
     with pytest.raises(CheckpointError, match=re.escape(words)):
         load_checkpoint(damaged, "cpu")
+
+
+def test_nan_weights_are_refused_by_translate_and_average(run_dir, tmp_path, capsys):
+    """A diverged run's checkpoint (NaN weights) decoded to empty lines and averaged with exit
+    0; now each names the weight."""
+    from aiayn.cli.average import main as average
+    from aiayn.inference import load_checkpoint
+
+    last = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=False)
+    key = next(k for k, v in checkpoint["state_dict"].items() if v.is_floating_point())
+    checkpoint["state_dict"][key] = torch.full_like(checkpoint["state_dict"][key], float("nan"))
+    diverged = tmp_path / "diverged.ckpt"
+    torch.save(checkpoint, diverged)
+    with pytest.raises(
+        CheckpointError, match=rf"weight {re.escape(key.removeprefix('model.'))} holds NaN"
+    ):
+        load_checkpoint(diverged, "cpu")
+    with pytest.raises(SystemExit):
+        average([str(last), str(diverged), "-o", str(tmp_path / "avg.ckpt")])
+    assert "holds NaN or infinity (a diverged run)" in capsys.readouterr().err
+    assert not (tmp_path / "avg.ckpt").exists()

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AveragingError
-from aiayn.inference.checkpoint import read_checkpoint
+from aiayn.inference.checkpoint import nonfinite_weight, read_checkpoint
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
 
@@ -102,6 +102,12 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
             raise AveragingError(
                 f"{path} has other model hyper-parameters than {paths[-1]}; average "
                 "checkpoints of one run"
+            )
+        bad = nonfinite_weight(checkpoint.get("state_dict") or {})
+        if bad is not None:
+            raise AveragingError(
+                f"{path}: weight {bad} holds NaN or infinity (a diverged run): the average "
+                "would too; leave it out"
             )
     out = {k: v for k, v in newest.items() if k not in TRAINING_STATE}
     out["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])

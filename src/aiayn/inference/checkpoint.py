@@ -116,6 +116,12 @@ def load_checkpoint(
     config = _settings(path, hparams["model"], ModelConfig)
     model = build_model(config)
     weights = model_weights(checkpoint)
+    bad = nonfinite_weight(weights)
+    if bad is not None:
+        raise CheckpointError(
+            f"{path}: weight {bad} holds NaN or infinity (a diverged run): it would translate "
+            "to empty lines; use an earlier checkpoint of the run"
+        )
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -144,6 +150,21 @@ def _settings(path: Path, stored: Any, schema: type) -> Any:
             f"{path}: its stored {SCHEMA_KEYS[schema.__name__]} settings do not load ({error}); "
             "a damaged checkpoint, or one written by another version of aiayn"
         ) from None
+
+
+def nonfinite_weight(state: dict[str, Any]) -> str | None:
+    """The first floating weight of `state` holding NaN or infinity (a diverged run's), or
+    None."""
+    return next(
+        (
+            name
+            for name, tensor in state.items()
+            if isinstance(tensor, torch.Tensor)
+            and tensor.is_floating_point()
+            and not bool(torch.isfinite(tensor).all())
+        ),
+        None,
+    )
 
 
 def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
