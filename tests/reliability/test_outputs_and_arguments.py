@@ -982,3 +982,30 @@ def test_nan_weights_are_refused_by_translate_and_average(run_dir, tmp_path, cap
         average([str(last), str(diverged), "-o", str(tmp_path / "avg.ckpt")])
     assert "holds NaN or infinity (a diverged run)" in capsys.readouterr().err
     assert not (tmp_path / "avg.ckpt").exists()
+
+
+@pytest.mark.parametrize("root", ["corpus", None])
+def test_a_runs_relative_corpus_is_read_where_the_run_started(root, tmp_path, monkeypatch):
+    """evaluate.py without data= reads the run's data config: a relative data.root (or a files
+    corpus without one) is the run's own corpus, from the directory it started in (its
+    hydra.runtime.cwd), not whatever ./corpus is where evaluate runs."""
+    from omegaconf import OmegaConf
+
+    from aiayn.data.sources import get_source, local_files
+    from aiayn.inference.checkpoint import run_data_config
+
+    started, elsewhere = tmp_path / "started", tmp_path / "elsewhere"
+    for place in (started, elsewhere):
+        (place / "corpus").mkdir(parents=True)
+    run = started / "run"
+    (run / ".hydra").mkdir(parents=True)
+    prefix = "" if root else "corpus/"
+    files = {r: [f"{prefix}{r}.en", f"{prefix}{r}.de"] for r in ("train", "val", "test")}
+    OmegaConf.save(
+        {"data": {"source": "files", "root": root, "files": files}}, run / ".hydra" / "config.yaml"
+    )
+    OmegaConf.save({"hydra": {"runtime": {"cwd": str(started)}}}, run / ".hydra" / "hydra.yaml")
+    monkeypatch.chdir(elsewhere)
+    data = run_data_config(run / "checkpoints" / "best.ckpt")
+    read = local_files(get_source(data))
+    assert read and all(path.resolve().is_relative_to(started / "corpus") for path in read)

@@ -10,6 +10,7 @@ trainer's state. Reading uses `torch.load(weights_only=True)`: a file cannot run
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +263,27 @@ def _check_vocab(tokenizers: Tokenizers, config: ModelConfig, origin: str) -> No
             )
 
 
+def _rooted(data: DataConfig, hydra_record: Path) -> DataConfig:
+    """`data` with a relative `root` joined to the run's starting directory, and a files
+    corpus without a root given that directory as its root (its paths are relative to it)."""
+    try:
+        cwd = OmegaConf.select(OmegaConf.load(hydra_record), "hydra.runtime.cwd")
+    except Exception:  # no record, or not Hydra's: the paths stay as stored
+        return data
+    if not cwd:
+        return data
+    if data.root and not Path(data.root).is_absolute():
+        return replace(data, root=str(Path(cwd) / data.root))
+    if data.root is None and data.source == "files":
+        return replace(data, root=str(cwd))
+    return data
+
+
 def run_data_config(ckpt_path: str | Path) -> DataConfig:
     """The `data` config of the training run that wrote `ckpt_path` (its `.hydra/config.yaml`
-    in the checkpoint's directory or the one above)."""
+    in the checkpoint's directory or the one above), its relative paths read from the
+    directory the run was started in (`hydra.runtime.cwd`), not this command's: a corpus
+    given as `data.root=corpus` is that run's corpus wherever evaluate.py runs."""
     here = Path(ckpt_path).resolve().parent
     for directory in (here, here.parent):
         saved = directory / ".hydra" / "config.yaml"
@@ -278,7 +297,7 @@ def run_data_config(ckpt_path: str | Path) -> DataConfig:
                     f"run's config ({type(error).__name__}: {first}); choose the corpus "
                     "instead, e.g. data=multi30k"
                 ) from None
-            return to_schema(data, DataConfig)
+            return _rooted(to_schema(data, DataConfig), directory / ".hydra" / "hydra.yaml")
     raise ConfigError(
         f"data is not set and no .hydra/config.yaml was found beside {ckpt_path}: choose the "
         "corpus, e.g. data=multi30k"
