@@ -1009,3 +1009,20 @@ def test_a_runs_relative_corpus_is_read_where_the_run_started(root, tmp_path, mo
     data = run_data_config(run / "checkpoints" / "best.ckpt")
     read = local_files(get_source(data))
     assert read and all(path.resolve().is_relative_to(started / "corpus") for path in read)
+
+
+def test_a_byte_order_mark_and_a_last_blank_jsonl_line_read_as_text(tmp_path):
+    """A UTF-8 byte-order mark (some editors write one) no longer hides a TSV's first column
+    or rides along in the first sentence; a JSONL file's last blank line holds no record."""
+    from aiayn.data.sources.text import iter_aligned, iter_jsonl, iter_tsv
+
+    tsv = tmp_path / "train.tsv"
+    tsv.write_bytes("\ufeffen\tde\nhello\thallo\n".encode())
+    assert list(iter_tsv(tsv, ("en", "de"))) == [("hello", "hallo")]
+    src, tgt = tmp_path / "a.en", tmp_path / "a.de"
+    src.write_bytes("\ufeffhello\nworld\n".encode())
+    tgt.write_bytes(b"hallo\r\nwelt\r\n")
+    assert list(iter_aligned(src, tgt, "train")) == [("hello", "hallo"), ("world", "welt")]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text('{"en": "hello", "de": "hallo"}\n\n')
+    assert list(iter_jsonl(jsonl, ("en", "de"), None)) == [("hello", "hallo")]

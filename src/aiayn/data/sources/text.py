@@ -49,7 +49,8 @@ def _sha256(path: str, *stat: int) -> str:
 
 
 def iter_lines(path: Path) -> Iterator[str]:
-    """Lines of a UTF-8 file (split on '\\n' only, trailing '\\r' dropped), one at a time."""
+    """Lines of a UTF-8 file (split on '\\n' only, trailing '\\r' dropped, a leading byte-order
+    mark that some editors write dropped), one at a time."""
     if not path.is_file():
         raise DataError(f"input file {path} not found: check the data config's paths")
     with path.open("rb") as file:
@@ -61,6 +62,8 @@ def iter_lines(path: Path) -> Iterator[str]:
                     f"{path}, line {number}: bytes that are not UTF-8 ({error.reason}); "
                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from error
+            if number == 1:
+                line = line.removeprefix("\ufeff")
             yield line.removesuffix("\n").removesuffix("\r")
 
 
@@ -135,8 +138,11 @@ def record_fields(record: object, fields: tuple[str, str], parent: str | None) -
 def iter_jsonl(
     path: Path, fields: tuple[str, str], parent: str | None
 ) -> Iterator[tuple[str, str]]:
-    """The (src, tgt) string fields `fields` of each JSON line, under key `parent` if set."""
+    """The (src, tgt) string fields `fields` of each JSON line, under key `parent` if set
+    (a blank line, such as a last empty one, holds no record and is skipped)."""
     for number, line in enumerate(iter_lines(path), start=1):
+        if not line.strip():
+            continue
         try:
             yield record_fields(json.loads(line), fields, parent)
         except (ValueError, KeyError, TypeError) as error:
