@@ -296,10 +296,10 @@ DECODE_ARGUMENTS = {  # override -> the refusal's words
     "decode.nbest=0": "decode.nbest must be a positive integer, got 0",
     "decode.top_p=1.5": "decode.top_p must lie in (0, 1], got 1.5",
     "decode.top_p=0": "decode.top_p must lie in (0, 1], got 0.0",
-    "decode.temperature=0": "decode.temperature must be positive, got 0.0",
+    "decode.temperature=0": "decode.temperature must be a finite number > 0, got 0.0",
     "decode.top_k=-1": "decode.top_k must be an integer >= 0, got -1",
-    "decode.length_penalty=-1": "decode.length_penalty must be a number >= 0, got -1.0",
-    "decode.max_len_a=-2": "decode.max_len_a must be a number >= 0, got -2.0",
+    "decode.length_penalty=-1": "decode.length_penalty must be a finite number >= 0, got -1.0",
+    "decode.max_len_a=-2": "decode.max_len_a must be a finite number >= 0, got -2.0",
 }
 
 
