@@ -57,3 +57,24 @@ def test_callback_saved_pngs_per_validation(run_dir):
 def test_cli_requires_sentence(ckpt, tmp_path):
     with pytest.raises(CONFIG_ERRORS, match="sentence"):
         run(compose_config("visualize", [f"ckpt_path={ckpt}"], tmp_path))
+
+
+def test_a_users_png_of_a_heatmaps_name_is_kept_and_a_rerun_replaces_its_own(translator, tmp_path):
+    """save_pngs replaces the PNGs of a directory it wrote before (its marker), and refuses,
+    writing nothing, one where a file of a heatmap's name is someone else's."""
+    from aiayn.errors import OutputError
+    from aiayn.inference.attention import save_pngs
+
+    example = attention_example(translator, "The red car washes seven birds.")
+    ours = tmp_path / "ours"
+    first = save_pngs(example, ours)
+    (ours / NAMES[0]).write_bytes(b"stale")  # an earlier run's heatmap: replaced
+    assert save_pngs(example, ours) == first
+    _check_pngs(ours)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / NAMES[0]).write_bytes(b"my picture")
+    with pytest.raises(OutputError, match="did not write it: nothing was written"):
+        save_pngs(example, theirs)
+    assert sorted(p.name for p in theirs.iterdir()) == [NAMES[0]]
+    assert (theirs / NAMES[0]).read_bytes() == b"my picture"

@@ -160,6 +160,9 @@ def test_accumulation_keeps_the_tokens_per_update(tokens, max_tokens, devices, n
         (["trainer.val_check_interval=0"], r"trainer\.val_check_interval=0 must be > 0"),
         (["trainer.val_check_interval=-0.5"], r"trainer\.val_check_interval=-0\.5 must be > 0"),
         (["trainer.check_val_every_n_epoch=0"], r"trainer\.check_val_every_n_epoch=0 must be"),
+        (["trainer.max_epochs=0"], r"trainer\.max_epochs=0 trains nothing"),
+        (["trainer.max_steps=0"], r"trainer\.max_steps=0 trains nothing"),
+        (["trainer.limit_train_batches=0"], r"trainer\.limit_train_batches=0 trains nothing"),
     ],
 )
 def test_bad_keys_and_values_are_rejected_by_name(overrides, message, tmp_path):

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from aiayn.data.dataset import collate_sources
 from aiayn.data.special import EOS_TOKEN
+from aiayn.errors import OutputError
 from aiayn.inference.translator import Translator
 from aiayn.outputs import check_output
 
@@ -101,14 +102,26 @@ def figures(example: AttentionExample) -> dict[str, Figure]:
     return out
 
 
+MARKER = ".aiayn-visualize"  # in a directory save_pngs wrote: its PNGs may be replaced
+
+
 def save_pngs(example: AttentionExample, output_dir: str | Path) -> list[Path]:
-    """Write one PNG per kind and layer into output_dir; returns the paths."""
+    """Write one PNG per kind and layer into output_dir; returns the paths. An existing PNG
+    of the same name is replaced only where an earlier `save_pngs` wrote that directory (its
+    `MARKER`): a user's file of that name is refused, before any is written."""
     directory = Path(output_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in figures(example).items():
-        path = directory / f"{name}.png"
+    drawn = figures(example)
+    paths = [directory / f"{name}.png" for name in drawn]
+    ours = (directory / MARKER).is_file()
+    for path in paths:
         check_output(path, "output_dir's heatmap")
+        if path.exists() and not ours:
+            raise OutputError(
+                f"output_dir's heatmap {path} exists and aiayn visualize did not write it: "
+                "nothing was written; choose a new output_dir"
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARKER).touch()
+    for path, fig in zip(paths, drawn.values(), strict=True):
         fig.savefig(path, dpi=100)
-        paths.append(path)
     return paths

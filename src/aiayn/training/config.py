@@ -110,6 +110,12 @@ class TrainConfig:
         except ValueError as error:
             raise ConfigError(str(error).replace("DecodeConfig.", "val_decode.")) from None
         check_trainer_kwargs(self.trainer)
+        nothing = [k for k in NO_TRAINING_AT_ZERO if self.trainer.get(k) in (0, 0.0)]
+        if self.train and nothing:
+            raise ConfigError(
+                f"trainer.{nothing[0]}=0 trains nothing, and the test would score an untrained "
+                "model; give it a budget, or test a checkpoint with train=false ckpt_path=<ckpt>"
+            )
         # Lightning: -1 is no limit (max_epochs=None is 1 000 epochs)
         limits = (self.trainer.get(key, -1) for key in ("max_steps", "max_epochs"))
         budget = any(limit != -1 for limit in limits) or self.trainer.get("max_time")
@@ -143,6 +149,10 @@ POSITIVE_TRAINER_KEYS = {
     "val_check_interval": "batches, or the fraction of an epoch, between validations",
     "check_val_every_n_epoch": "epochs between validations; null: validate by val_check_interval",
 }
+
+
+# trainer keys whose 0 means no training at all
+NO_TRAINING_AT_ZERO = ("max_epochs", "max_steps", "limit_train_batches")
 
 
 def check_trainer_kwargs(trainer: dict[str, Any]) -> None:
