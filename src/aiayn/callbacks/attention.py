@@ -32,7 +32,7 @@ class AttentionMaps(L.Callback):
         example = attention_example(pl_module.translator, sentence)
         pl_module.train(was_training)
         step = trainer.global_step
-        pngs = save_pngs(example, self.output_dir / f"step{step}")
+        pngs = save_pngs(example, self.output_dir / f"step{step}", run_owned=True)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 _log_images(logger, step, pngs)

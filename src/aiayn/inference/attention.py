@@ -105,14 +105,17 @@ def figures(example: AttentionExample) -> dict[str, Figure]:
 MARKER = ".aiayn-visualize"  # in a directory save_pngs wrote: its PNGs may be replaced
 
 
-def save_pngs(example: AttentionExample, output_dir: str | Path) -> list[Path]:
+def save_pngs(
+    example: AttentionExample, output_dir: str | Path, run_owned: bool = False
+) -> list[Path]:
     """Write one PNG per kind and layer into output_dir; returns the paths. An existing PNG
     of the same name is replaced only where an earlier `save_pngs` wrote that directory (its
-    `MARKER`): a user's file of that name is refused, before any is written."""
+    `MARKER`), or where `run_owned` (a run's own `attention/step<N>/`, which a resumed attempt
+    draws again): a user's file of that name is refused, before any is written."""
     directory = Path(output_dir)
     drawn = figures(example)
     paths = [directory / f"{name}.png" for name in drawn]
-    ours = (directory / MARKER).is_file()
+    ours = run_owned or (directory / MARKER).is_file()
     for path in paths:
         check_output(path, "output_dir's heatmap")
         if path.exists() and not ours:
@@ -121,7 +124,8 @@ def save_pngs(example: AttentionExample, output_dir: str | Path) -> list[Path]:
                 "nothing was written; choose a new output_dir"
             )
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / MARKER).touch()
+    if not run_owned:
+        (directory / MARKER).touch()
     for path, fig in zip(paths, drawn.values(), strict=True):
         fig.savefig(path, dpi=100)
     return paths
