@@ -1026,3 +1026,21 @@ def test_a_byte_order_mark_and_a_last_blank_jsonl_line_read_as_text(tmp_path):
     jsonl = tmp_path / "train.jsonl"
     jsonl.write_text('{"en": "hello", "de": "hallo"}\n\n')
     assert list(iter_jsonl(jsonl, ("en", "de"), None)) == [("hello", "hallo")]
+
+
+@pytest.mark.parametrize("key", ["input", "prefix_file"])
+def test_a_directory_as_translates_input_is_named_as_such(key, run_dir, tmp_path):
+    """A directory given as input (or prefix file) is named for what it is, before the output
+    check lists its files (which named one of them as the clash)."""
+    from aiayn.errors import TranslationError
+    from aiayn.inference.translate import run
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "o.txt").write_text("a b\n")
+    settings = [f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", f"input={folder / 'o.txt'}"]
+    settings = [s for s in settings if not s.startswith(f"{key}=")] + [f"{key}={folder}"]
+    before = fingerprint(folder)
+    with pytest.raises(TranslationError, match=rf"^{key} {re.escape(str(folder))} is a directory"):
+        run(compose_config("translate", [*settings, f"output={tmp_path / 'hyp.txt'}"], tmp_path))
+    assert fingerprint(folder) == before and not (tmp_path / "hyp.txt").exists()

@@ -193,6 +193,10 @@ def _run_corpus(ckpt_path: str | list[str] | None) -> dict[str, list[Path]]:
 def run(cfg: DictConfig | dict) -> int:
     """What `python translate.py` does; returns the number of lines translated."""
     config = to_schema(cfg, TranslateConfig)
+    for key in ("input", "prefix_file"):  # before the output check, which lists a directory
+        value = getattr(config, key)
+        if value not in (None, "-") and Path(value).is_dir():
+            raise TranslationError(f"{key} {value} is a directory: name a text file")
     check_output(config.output, "output", _inputs(config))
     loaded = load_translator(
         config.ckpt_path,
