@@ -1044,3 +1044,24 @@ def test_a_directory_as_translates_input_is_named_as_such(key, run_dir, tmp_path
     with pytest.raises(TranslationError, match=rf"^{key} {re.escape(str(folder))} is a directory"):
         run(compose_config("translate", [*settings, f"output={tmp_path / 'hyp.txt'}"], tmp_path))
     assert fingerprint(folder) == before and not (tmp_path / "hyp.txt").exists()
+
+
+@pytest.mark.parametrize("blank", [("val", "en"), ("test", "de")])
+def test_a_val_or_test_split_with_every_line_of_a_side_blank_is_refused(blank, tmp_path):
+    """A wrong file or column (all blank) is refused naming the split and its files: blank
+    sources were kept and scored as if they were the split."""
+    from aiayn.data.config import DataConfig
+    from aiayn.data.prepare import prepare
+    from aiayn.schema import to_schema
+
+    words = ["a b c", "b c d", "c d e", "d e a"] * 10
+    for role in ("train", "val", "test"):
+        for lang in ("en", "de"):
+            lines = [""] * len(words) if (role, lang) == blank else words
+            (tmp_path / f"{role}.{lang}").write_text("\n".join(lines) + "\n")
+    files = {r: [f"{r}.en", f"{r}.de"] for r in ("train", "val", "test")}
+    settings = {"source": "files", "root": str(tmp_path), "files": files}
+    settings |= {"cache_dir": str(tmp_path / "cache"), "tokenizer": {"vocab_size": 60}}
+    side = {"en": "source line", "de": r"reference \(target line\)"}[blank[1]]
+    with pytest.raises(AiaynError, match=rf"every {side} of the {blank[0]} split is empty"):
+        prepare(to_schema(settings, DataConfig))

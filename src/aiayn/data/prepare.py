@@ -241,11 +241,20 @@ def _where(source: Source, role: str) -> str:
     return f" ({files})" if files else ""
 
 
-def _check_references(cfg: DataConfig, source: Source, role: str, references: list[str]) -> None:
-    """A val/test split whose target side is all empty is refused (its BLEU would mean
-    nothing); some empty references get a warning with their count."""
-    empty = sum(1 for reference in references if not reference.strip())
+def _check_sides(
+    cfg: DataConfig, source: Source, role: str, sources: list[str], references: list[str]
+) -> None:
+    """A val/test split whose source or target side is all empty is refused (a wrong file or
+    field: there is nothing to translate, or its BLEU would mean nothing); some empty
+    references get a warning with their count."""
     key = f"data.{role}_split={cfg.split_names[role]}"
+    if not any(text.strip() for text in sources):
+        raise DataError(
+            f"every source line of the {role} split is empty ({key}{_where(source, role)}): "
+            f"there is nothing to translate; fix the source file or field, or pick another "
+            f"split with {key.split('=')[0]}=<name>"
+        )
+    empty = sum(1 for reference in references if not reference.strip())
     if empty == len(references):
         raise DataError(
             f"every reference (target line) of the {role} split is empty ({key}"
@@ -335,8 +344,8 @@ def _build_stages(cfg: DataConfig, out: Path, bars: Stages) -> dict:
                 f"the {role} split ({cfg.split_names[role]}) of {cfg.source} is empty"
                 f"{_where(source, role)}: it needs at least one sentence pair"
             )
-    for role, (_, references) in texts.items():
-        _check_references(cfg, source, role, references)
+    for role, (sources, references) in texts.items():
+        _check_sides(cfg, source, role, sources, references)
     seconds["read"] = time.perf_counter() - start
 
     start = time.perf_counter()
