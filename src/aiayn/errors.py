@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,6 +79,22 @@ class StoppedError(AiaynError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+@contextmanager
+def stopped_by_sigterm(what: str) -> Iterator[None]:
+    """Within the block a SIGTERM raises `StoppedError` (exit 143) instead of ending the
+    process on the spot, so that the block's cleanup runs (an export's staging directory is
+    removed) and the command says what stopped. The handler before is restored after."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedError(f"SIGTERM stopped {what}; nothing of it was kept: run it again", 143)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class SweepStopped(BaseException):

@@ -1065,3 +1065,32 @@ def test_a_val_or_test_split_with_every_line_of_a_side_blank_is_refused(blank, t
     side = {"en": "source line", "de": r"reference \(target line\)"}[blank[1]]
     with pytest.raises(AiaynError, match=rf"every {side} of the {blank[0]} split is empty"):
         prepare(to_schema(settings, DataConfig))
+
+
+def test_a_sigterm_during_an_export_leaves_no_staging_directory(run_dir, tmp_path, monkeypatch):
+    """SIGTERM mid-conversion: exit 143's StoppedError, the hidden staging directory beside
+    the output removed, no output, and the previous SIGTERM handler back."""
+    import os
+    import signal
+
+    pytest.importorskip("ctranslate2")
+    from aiayn.cli.export import run
+    from aiayn.errors import StoppedError
+    from aiayn.export import ctranslate2
+
+    save_spec = ctranslate2.save_spec
+
+    def save_then_stop(*args: object, **kwargs: object) -> None:
+        save_spec(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(ctranslate2, "save_spec", save_then_stop)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "exports" / "model"
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    cfg = compose_config("export", [f"ckpt_path={ckpt}", f"output_dir={out}"], tmp_path / "e")
+    with pytest.raises(StoppedError, match="SIGTERM stopped the export") as error:
+        run(cfg)
+    assert error.value.exit_code == 143
+    assert list((tmp_path / "exports").iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) == before

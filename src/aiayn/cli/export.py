@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.config import CONF_DIR, check_command_line, register
-from aiayn.errors import exit_on_error
+from aiayn.errors import exit_on_error, stopped_by_sigterm
 from aiayn.export.config import ExportConfig
 from aiayn.export.ctranslate2 import export
 from aiayn.schema import to_schema
@@ -20,7 +20,8 @@ from aiayn.schema import to_schema
 def run(cfg: DictConfig | dict) -> Path:
     """Convert; returns the directory written."""
     config = to_schema(cfg, ExportConfig)
-    directory = export(config.ckpt_path, config.output_dir, config.quantization, config.force)  # type: ignore[arg-type]
+    with stopped_by_sigterm("the export"):  # its staging directory is removed, not left
+        directory = export(config.ckpt_path, config.output_dir, config.quantization, config.force)  # type: ignore[arg-type]
     size = sum(p.stat().st_size for p in directory.iterdir()) / 2**20
     print(f"{config.format} model ({config.quantization}, {size:.1f} MiB) in {directory}")
     return directory
