@@ -137,6 +137,11 @@ def writing(path: str | os.PathLike, needed: int | None = None, kept: str = "") 
         if not _no_space(error, free, needed):
             raise
         need = f", about {_size(needed)} needed" if needed else ""
+        if where.exists() and not where.is_file() and not where.is_dir():  # e.g. /dev/full
+            raise StorageError(
+                f"{where} refused the write (no space on that device): name a file to write "
+                "instead, and run again"
+            ) from None
         raise StorageError(
             f"no space left writing {where} ({_size(free)} free{need}){kept}: free some space, "
             "or point paths.log_dir / data.cache_dir / output elsewhere, and run again"
