@@ -1094,19 +1094,3 @@ def test_a_sigterm_during_an_export_leaves_no_staging_directory(run_dir, tmp_pat
     assert error.value.exit_code == 143
     assert list((tmp_path / "exports").iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) == before
-
-
-@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
-def test_a_device_that_refuses_the_write_is_named_as_a_device():
-    """output=/dev/full: the line says the device refused, not a free-space figure of the
-    file system /dev lives on, nor that lines were kept there."""
-    from aiayn.errors import StorageError, writing
-
-    full = writing("/dev/full", kept="; lines kept there")
-    with pytest.raises(StorageError) as error, full, open("/dev/full", "w") as device:
-        device.write("x")
-        device.flush()
-    assert str(error.value) == (
-        "/dev/full refused the write (no space on that device): name a file to write instead, "
-        "and run again"
-    )
