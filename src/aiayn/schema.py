@@ -5,6 +5,7 @@ and `PathsConfig` and `DecodeOverrides` are fields of several commands' schemas.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from dataclasses import asdict, dataclass, is_dataclass
@@ -129,7 +130,7 @@ def check_override_keys(overrides: list[str], schema: type, groups: set[str]) ->
     Group choices (`model=base`), `+`/`~` overrides, flags, Hydra's keys and what lies under
     a free-form node (`trainer.*`, `callbacks.*`) are left to Hydra and the schemas."""
     for override in overrides:
-        key, equals, _ = override.partition("=")
+        key, equals, value = override.partition("=")
         if not equals or override.startswith(("-", "+", "~")) or key in groups:
             continue
         if key.split(".")[0] == "hydra" or "/" in key or "@" in key:
@@ -144,6 +145,28 @@ def check_override_keys(overrides: list[str], schema: type, groups: set[str]) ->
                 hint = did_you_mean(path, list(fields))
                 raise ConfigError(f"{key}: no such key{hint or ''} (`--cfg job` shows the keys)")
             node = fields[part]
+        else:  # every part is a field: `node` is the key's type
+            _check_number(key, value, node)
+
+
+NUMBERS = {int: "an integer", float: "a number"}
+# a value Hydra reads as something else than one literal: a sweep, a function, an
+# interpolation, a list or mapping, quoted text, null
+NOT_A_LITERAL = re.compile(r"[,()$\[\]{}'\"]|^null$")
+
+
+def _check_number(key: str, value: str, annotation: Any) -> None:
+    """Refuse a literal that is not the int or float `annotation` (through Optional) asks
+    for, in one line (Hydra's own message spans five)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if annotation not in NUMBERS or NOT_A_LITERAL.search(value):
+        return
+    try:
+        int(value) if annotation is int else float(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value}: {key} takes {NUMBERS[annotation]}") from None
 
 
 def _fields_of(node: Any) -> dict[str, Any] | None:

@@ -594,6 +594,11 @@ def test_a_stalled_download_fails_in_bounded_time_naming_the_url(tmp_path, monke
         ("export", "quantisation=int8", "quantisation: no such key; did you mean quantization?"),
         ("visualize", "sentense=hi", "sentense: no such key; did you mean sentence?"),
         ("prepare", "data.max_token=9", "data.max_token: no such key; did you mean data.max_tok"),
+        # a value that is not the number the key takes (Hydra's own message spans five lines)
+        ("train", "model.d_model=abc", "model.d_model=abc: model.d_model takes an integer"),
+        ("train", "model.d_model=1.5", "model.d_model=1.5: model.d_model takes an integer"),
+        ("train", "model.dropout=x", "model.dropout=x: model.dropout takes a number"),
+        ("evaluate", "decode.beam_size=four", "decode.beam_size=four: decode.beam_size takes an"),
     ],
 )
 def test_a_mistyped_key_on_the_command_line_is_one_line_with_the_closest(
@@ -671,3 +676,15 @@ def test_an_ensemble_member_with_another_vocabulary_is_named(ckpt, tmp_path):
     with pytest.raises(AiaynError) as error:
         load_ensemble([str(ckpt), str(other)], "cpu")
     assert str(other) in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["model.d_model=64,128", "model.d_model=${model.d_ff}", "model.dropout=null", "seed=-3"],
+)
+def test_a_sweep_an_interpolation_or_null_is_left_to_hydra(override):
+    """Only a plain literal is checked against the number a key takes."""
+    from aiayn.config import check_command_line
+    from aiayn.training.config import TrainConfig
+
+    check_command_line([override], TrainConfig)
