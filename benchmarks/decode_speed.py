@@ -135,7 +135,8 @@ def build(args: argparse.Namespace) -> tuple[Transformer, MarianMTModel]:
 
 
 ENGINES = ("aiayn", "aiayn MKL", "CT2 fp32", "CT2 int8", "HF")  # HF last
-CUDA_ENGINES = ("aiayn", "CT2 bf16", "CT2 int8", "HF")  # HF last
+# "aiayn, no graphs": decode.cuda_graphs=false, the shrinking batch without CUDA graphs
+CUDA_ENGINES = ("aiayn", "aiayn, no graphs", "CT2 bf16", "CT2 int8", "HF")  # HF last
 # CTranslate2's compute type of each CT2 engine, by device
 CT2_TYPES = {
     "cpu": {"CT2 fp32": "float32", "CT2 int8": "int8"},
@@ -220,9 +221,13 @@ def engine(name: str, args: argparse.Namespace) -> Callable[[int], None]:
     if name.startswith("aiayn"):
         decoded_as_benchmarked(ours)  # no sentence may end early: HF runs with eos_token_id=None
 
+        graphs = None if name == "aiayn" else False
+
         def run(beams: int) -> None:
             strategy = "greedy" if beams == 1 else "beam"
-            config = DecodeConfig(strategy=strategy, beam_size=beams, max_len_a=0.0, max_len_b=n)
+            config = DecodeConfig(
+                strategy=strategy, beam_size=beams, max_len_a=0.0, max_len_b=n, cuda_graphs=graphs
+            )
             for batch in batches:
                 hyps = generate(ours, batch, config)
                 assert all(len(h[0].tokens) == n for h in hyps)

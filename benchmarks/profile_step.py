@@ -8,7 +8,7 @@ does not.
 
     python benchmarks/profile_step.py [--shape small] [--steps 5] [--rows 25] [--dropout 0.1]
     python benchmarks/profile_step.py --device cuda --shape base --batch-size 520 \
-        --src-len 48 --tgt-len 48 --vocab 37000 [--compile]
+        --src-len 48 --tgt-len 48 --vocab 37000 [--compile | --variant static|graphs]
 
 On a GPU (`--device cuda`, bf16 autocast as train.py's bf16-mixed, `kernels=gpu`): the wall
 time of an update (best of `--steps`, synchronised), the host's time to issue one (the mean of
@@ -32,7 +32,11 @@ from torch.profiler import ProfilerActivity, profile
 from aiayn.kernels.allocator import keep_freed_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
+import train_speed
 from train_speed import DROPOUT, SHAPES, aiayn_step, random_batch
+
+# how aiayn's loss is compiled; an older checkout's train_speed.py knows the first two only
+VARIANTS = getattr(train_speed, "VARIANTS", {"eager": None, "compiled": None})
 
 
 def main() -> None:
@@ -47,6 +51,12 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=DROPOUT)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--compile", action="store_true", help="aiayn with compile=true")
+    parser.add_argument(
+        "--variant",
+        default="eager",
+        choices=sorted(VARIANTS),
+        help="how aiayn's loss is compiled (train_speed.py's VARIANTS; GPU only)",
+    )
     args = parser.parse_args()
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -92,7 +102,8 @@ def profile_cuda(args: argparse.Namespace) -> None:
     use(resolve("auto", on_gpu=True))  # train.py's kernels=auto on a GPU, in this checkout
     device = torch.device("cuda")
     batch = random_batch(args, device)
-    build = aiayn_step(SHAPES[args.shape], args.vocab, batch, args.compile, dropout=args.dropout)
+    variant = "compiled" if args.compile else args.variant
+    build = aiayn_step(SHAPES[args.shape], args.vocab, batch, variant, dropout=args.dropout)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -131,7 +142,7 @@ def profile_cuda(args: argparse.Namespace) -> None:
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; shape {args.shape}, "
         f"batch {args.batch_size} x {args.src_len} + {args.tgt_len} ({tokens} target tokens), "
         f"vocab {args.vocab}, dropout {args.dropout}, bf16 autocast"
-        f"{', compiled' if args.compile else ''}"
+        f"{'' if variant == 'eager' else ', ' + variant}"
     )
     print(
         f"per update: wall {min(walls) * 1e3:.1f} ms (best of {args.steps}), host issue "

@@ -14,7 +14,11 @@ alike), the ratios, and aiayn's model-FLOP utilisation, defined once for the pro
 (`aiayn.kernels.machine`, the same as `train/mfu`): 3 x `aiayn.model.summary.forward_flops`
 per second over `mfu_peak`, a GPU's datasheet dense peak for the precision in use (the
 measured peak printed beside it), a CPU's measured peak. `--aiayn eager,compiled` puts aiayn
-eager and compiled (`compile=true`: model, output layer and loss as one graph) side by side;
+eager and compiled (`compile=true`: model, output layer and loss as one graph, every batch
+dimension symbolic) side by side; two more variants try what `compile=true` could become:
+`static` (a graph for the batch's shape, `dynamic=False`) and `graphs` (that graph replayed as
+CUDA graphs, `mode="reduce-overhead"`). The first two updates of each variant (its
+compilation) are timed and printed under the table;
 on a GPU each step's peak memory above the models' resident weights and optimizer states is
 given too. On a GPU (`--device cuda`) all run under autocast in the card's
 training precision (bf16 from compute capability 8.0 on, else fp16, as `trainer.precision=auto`
@@ -52,16 +56,26 @@ SHAPES = {  # d_model, layers (each side), heads, d_ff
 }
 SMOOTHING, DROPOUT = 0.1, 0.1
 CPU_SHAPES = ("tiny", "small", "base")  # what a 2-core CPU times in minutes
+# aiayn's variants: how its loss (model, output layer, loss) is compiled; "compiled" is what
+# compile=true runs (aiayn.training.module), the other two are tried here only
+VARIANTS: dict[str, dict[str, object] | None] = {
+    "eager": None,
+    "compiled": {"dynamic": True},
+    "static": {"dynamic": False},
+    "graphs": {"dynamic": False, "mode": "reduce-overhead"},
+}
 
 
 def aiayn_step(
     shape: tuple[int, ...],
     vocab: int,
     batch: Batch,
-    compile: bool = False,
+    compile: bool | str = False,
     phases: dict[str, list[float]] | None = None,
     dropout: float = DROPOUT,
 ) -> Callable[[], None]:
+    """One update of aiayn; `compile`: False/True (eager, `compile=true`) or a `VARIANTS` name."""
+    variant = compile if isinstance(compile, str) else ("compiled" if compile else "eager")
     d, layers, heads, ff = shape
     config = ModelConfig(
         src_vocab_size=vocab,
@@ -75,11 +89,16 @@ def aiayn_step(
         max_positions=256,
     )
     optim = {"schedule": "inverse_sqrt", "lr": 1e-3, "warmup_steps": 100}
-    module = TranslationModule(asdict(config), optim, {}, compile=compile)
+    module = TranslationModule(asdict(config), optim, {}, compile=variant == "compiled")
+    if variant in ("static", "graphs"):  # what compile=true compiles, with other options
+        module._step_losses = torch.compile(module._losses, **VARIANTS[variant])  # type: ignore
     module = module.to(batch.src.device).train()
     optimizer = module.configure_optimizers()["optimizer"]
+    graphs = variant == "graphs"
 
     def step() -> None:
+        if graphs:  # a new update: the graphs' outputs of the last one may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         start = time.perf_counter()
         loss, _ = module.losses(batch)
         forward = time.perf_counter()
@@ -181,13 +200,21 @@ def marian_step(shape: tuple[int, ...], vocab: int, batch: Batch) -> Callable[[]
     return step
 
 
-def best_seconds(steps: list[Callable[[], None]], repeats: int, sync: Callable[[], None]) -> list:
-    """Fastest of `repeats` timed calls of each step, after two warm-up calls each; the steps
-    alternate within each round."""
+def best_seconds(
+    steps: list[Callable[[], None]],
+    repeats: int,
+    sync: Callable[[], None],
+    warm_up: list[float] | None = None,
+) -> list:
+    """Fastest of `repeats` timed calls of each step, after two warm-up calls each (their
+    seconds appended to `warm_up`); the steps alternate within each round."""
     for step in steps:
+        start = time.perf_counter()
         step()
         step()
-    sync()
+        sync()
+        if warm_up is not None:
+            warm_up.append(time.perf_counter() - start)
     times: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
         for step, spent in zip(steps, times, strict=True):
@@ -244,13 +271,15 @@ def main() -> None:
         "--aiayn",
         default="eager",
         help="aiayn's columns, comma-separated: eager, compiled (`compile=true`: the whole "
-        "loss compiled as one graph)",
+        "loss compiled as one graph), static, graphs (see the module docstring)",
     )
     parser.add_argument("--compile", action="store_true", help="the same as --aiayn compiled")
     args = parser.parse_args()
     variants = ["compiled"] if args.compile else args.aiayn.split(",")
-    if not variants or set(variants) - {"eager", "compiled"}:
-        parser.error(f"--aiayn takes eager and/or compiled, got {args.aiayn!r}")
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--aiayn takes {', '.join(VARIANTS)}, got {args.aiayn!r}")
+    if "graphs" in variants and not (args.device == "cuda" or torch.cuda.is_available()):
+        parser.error("--aiayn graphs replays CUDA graphs: it needs --device cuda")
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
@@ -285,20 +314,22 @@ def main() -> None:
         f"{args.vocab}, label smoothing {SMOOTHING}, dropout {DROPOUT}, "
         f"{str(dtype).removeprefix('torch.') + ' autocast' if cuda else 'fp32'}"
     )
-    names = [f"aiayn {v}" if len(variants) > 1 or v == "compiled" else "aiayn" for v in variants]
+    names = [f"aiayn {v}" if len(variants) > 1 or v != "eager" else "aiayn" for v in variants]
     header = [*(f"{n} tgt tok/s" for n in names), "HF Marian", "torch.nn.Transformer"]
     header += ["aiayn / Marian", "aiayn / torch", *(f"{n} MFU" for n in names)]
     if cuda:  # each step's peak memory above what the three models keep resident
         header += [f"{n} step GiB" for n in names] + ["Marian step GiB", "torch step GiB"]
     print("| shape | " + " | ".join(header) + " |")
     print("|---|" + "---:|" * len(header))
+    compilations: list[str] = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         torch.manual_seed(0)
-        steps = [aiayn_step(shape, args.vocab, batch, v == "compiled") for v in variants]
+        steps = [aiayn_step(shape, args.vocab, batch, v) for v in variants]
         steps += [build(shape, args.vocab, batch) for build in (marian_step, torch_step)]
+        warm_up: list[float] = []
         with torch.autocast(device.type, dtype=dtype, enabled=cuda):
-            seconds = best_seconds(steps, args.repeats, sync)
+            seconds = best_seconds(steps, args.repeats, sync, warm_up)
             memory = [step_memory(step) for step in steps] if cuda else []
         *ours, marian, plain = seconds
         best = min(ours)
@@ -319,6 +350,9 @@ def main() -> None:
         cells += [f"{flops / t / peak.flops:.1%}" for t in ours]
         cells += [f"{m / 2**30:.1f}" for m in memory]
         print(f"| {name} (d{d}, {layers}+{layers}, h{heads}, ff{ff}) | " + " | ".join(cells) + " |")
+        firsts = ", ".join(f"{n} {t:.1f}" for n, t in zip(names, warm_up, strict=False))
+        compilations.append(f"{name}: the first two updates (compilation included), s: {firsts}")
+    print("\n".join(compilations))
 
     if not cuda and bf16_native():
         bf16_table(args, batch)

@@ -232,11 +232,13 @@ def test_decode_speed_on_cuda_prints_aiayn_beside_hf_and_the_ratios_of_its_rates
     assert torch.cuda.get_device_name() in out and torch.__version__ in out
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()]
     for strategy in ("greedy", "beam 4"):
-        # every sentence the same length: aiayn, CT2 bf16, CT2 int8, HF, aiayn/HF, CT2 int8/HF
+        # every sentence the same length: aiayn, aiayn without CUDA graphs, CT2 bf16, CT2 int8,
+        # HF, aiayn/HF, CT2 int8/HF
         fixed, varied = [row for row in rows if row[0] == strategy]
-        aiayn, hf = float(fixed[1]), float(fixed[4])
-        assert float(fixed[5].removesuffix("x")) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
-        for name, cell in (("CT2 bf16", fixed[2]), ("CT2 int8", fixed[3])):
+        aiayn, hf = float(fixed[1]), float(fixed[5])
+        assert float(fixed[2]) > 0
+        assert float(fixed[6].removesuffix("x")) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
+        for name, cell in (("CT2 bf16", fixed[3]), ("CT2 int8", fixed[4])):
             assert (cell == "skipped" and f"{name}: skipped: " in out) or float(cell) > 0, out
         aiayn, hf = float(varied[1]), float(varied[2])
         assert float(varied[3].removesuffix("x")) == pytest.approx(aiayn / hf, rel=0.01, abs=0.006)
@@ -284,6 +286,47 @@ def test_the_blocked_cuda_loss_equals_cross_entropy_without_the_whole_logits(dty
         scale = want.abs().max()
         assert (got - want).abs().max() <= 2e-2 * scale
     assert peak < n * v * 4 / 2 < ref_peak  # under half of one float32 N x V array
+
+
+@pytest.mark.filterwarnings("error:decoding without CUDA graphs")  # captured, or the test fails
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_decoding_gives_the_shrinking_batch_s_hypotheses(dtype):
+    """decode.cuda_graphs (null: on, on a GPU): greedy and beam search on a static cache, the
+    decoder step one CUDA graph, give the hypotheses of the shrinking batch without graphs
+    (float32: every token; bfloat16, whose sums round by shape: nearly every sentence), with
+    and without source padding, and a second batch of another shape captures its own graph."""
+    from aiayn.model import DecodeConfig, ModelConfig, Transformer, generate
+
+    torch.manual_seed(0)
+    config = ModelConfig(
+        src_vocab_size=50,
+        tgt_vocab_size=50,
+        d_model=64,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        d_ff=128,
+        dropout=0.0,
+    )
+    model = Transformer(config).cuda().to(dtype).eval()
+    with torch.no_grad():
+        model.output.weight.mul_(4.0)  # sharper distributions: outputs of varied lengths
+    src = torch.randint(4, 50, (24, 11), device="cuda")
+    for row in range(0, 24, 3):
+        src[row, 3 + row % 7 :] = config.pad_id
+    same = 0
+    for decode in (DecodeConfig(max_len_b=12), DecodeConfig("beam", beam_size=4, nbest=2)):
+        for batch in (src, src[:5, :7].clone().fill_(7)):
+            graphs = generate(model, batch, decode)
+            plain = generate(model, batch, decode.updated({"cuda_graphs": False}))
+            tokens = [[h.tokens for h in hyps] for hyps in (graphs, plain)]
+            if dtype == torch.float32:
+                assert tokens[0] == tokens[1]
+                for ours, theirs in zip(graphs, plain, strict=True):
+                    got, want = [h.score for h in ours], [h.score for h in theirs]
+                    assert got == pytest.approx(want, rel=1e-4)
+            same += sum(a == b for a, b in zip(*tokens, strict=True))
+    assert same >= 0.9 * 2 * (24 + 5)
 
 
 def test_a_training_step_off_the_log_steps_never_waits_for_the_gpu(tmp_path):

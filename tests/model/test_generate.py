@@ -317,6 +317,19 @@ def test_respects_max_length_per_sentence(config: DecodeConfig) -> None:
     assert results[1][0].tokens == [5, 6, 5, 6, 5, 6, 5, 6]
 
 
+def count_steps(model: Transformer) -> list[int]:
+    """The rows of each `decode_step` call of `model` from now on, in a list that fills."""
+    rows: list[int] = []
+    step = model.decode_step
+
+    def counted(tokens: torch.Tensor, cache: Any) -> torch.Tensor:
+        rows.append(tokens.size(0))
+        return step(tokens, cache)
+
+    model.decode_step = counted  # type: ignore[method-assign]
+    return rows
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -334,14 +347,7 @@ def test_a_sentence_that_has_ended_leaves_the_batch(config: DecodeConfig) -> Non
     src = random_tokens(3, 6, 10)
     src[0, 1:] = PAD
     src[2, 4:] = PAD
-    rows: list[int] = []
-    step = model.decode_step
-
-    def counted(tokens: torch.Tensor, cache: Any) -> torch.Tensor:
-        rows.append(tokens.size(0))
-        return step(tokens, cache)
-
-    model.decode_step = counted  # type: ignore[method-assign]
+    rows = count_steps(model)
     results = generate(model, src, config)
     k = config.beam_size if config.strategy == "beam" else 1
     assert rows == [3 * k] * 3 + [2 * k] * 3 + [k] * 2
@@ -492,3 +498,95 @@ def test_greedy_reading_the_device_every_few_steps_decodes_the_same(every, monke
         monkeypatch.setattr(module, "CPU_SHRINK_EVERY", 1)
         steps = max(len(h[0].tokens) for h in each_step) + 1
         assert 0 < len(looks) <= 2 * (steps // every + 1)  # at most two reads a look
+
+
+def _same_hypotheses(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:
+    """The same tokens, in the same order, and the same scores up to float32 rounding (a
+    static cache attends over masked positions too, which rounds its sums differently)."""
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    for hyps, others in zip(got, want, strict=True):
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in others], rel=1e-5)
+
+
+STATIC_CONFIGS = [
+    DecodeConfig(max_len_b=6),
+    DecodeConfig("beam", beam_size=1, max_len_b=6),
+    DecodeConfig("beam", beam_size=3, nbest=3, max_len_b=6),
+    DecodeConfig("beam", beam_size=4, nbest=2, max_len_b=9, length_penalty=1.0),
+    DecodeConfig("beam", beam_size=5, nbest=5, max_len_a=0.0, max_len_b=4),
+]
+
+
+@pytest.mark.parametrize("config", STATIC_CONFIGS, ids=["greedy", "b1", "b3n3", "b4n2", "b5n5"])
+def test_the_static_cache_decodes_as_the_shrinking_batch(config: DecodeConfig) -> None:
+    """`cuda_graphs=true` (on the CPU: the fixed-shape loop a GPU captures, run eagerly): a
+    static cache, every sentence kept to the end, beam search's finished hypotheses kept on the
+    device. It returns the hypotheses of the shrinking batch (`cuda_graphs=false`), for
+    sentences ending with EOS early, late and at their length limit, with and without a
+    forced prefix; and a sentence's output is the one it gets alone."""
+    src, _ = padded_batch()
+    static, shrinking = (
+        config.updated({"cuda_graphs": True}),
+        config.updated({"cuda_graphs": False}),
+    )
+    ends = set()
+    for seed, eos_id in ((0, 5), (1, 9), (2, 13), (3, 11)):
+        model = peaky_model(seed, eos_id=eos_id)
+        want = generate(model, src, shrinking)
+        _same_hypotheses(generate(model, src, static), want)
+        prefix = [[20, 21], [], [6]]
+        _same_hypotheses(
+            generate(model, src, static, prefix=prefix),
+            generate(model, src, shrinking, prefix=prefix),
+        )
+        ends |= {len(h.tokens) for hyps in want for h in hyps}
+        n = int((src[1] != PAD).sum())
+        _same_hypotheses(generate(model, src[1:2, :n], static), want[1:2])
+    assert len(ends) >= 4  # outputs of several lengths: EOS at several steps and the limit
+
+
+def test_static_beam_search_keeps_the_first_k_eos_hypotheses_then_the_limit_s() -> None:
+    """The scripted chain 5 6 5 6 ... never ends with EOS: every hypothesis stops at the limit,
+    and the static search's k alive beams are the shrinking search's, best first."""
+    model = scripted_model({BOS: 5, 5: 6, 6: 5}, never_eos=True)
+    src = random_tokens(3, 6, 10)
+    src[0, 1:] = PAD
+    src[2, 4:] = PAD
+    config = DecodeConfig("beam", beam_size=3, nbest=3, max_len_a=1.0, max_len_b=2)
+    got = generate(model, src, config.updated({"cuda_graphs": True}))
+    _same_hypotheses(got, generate(model, src, config.updated({"cuda_graphs": False})))
+    assert [len(hyps[0].tokens) for hyps in got] == [3, 8, 6]
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_serve() -> None:
+    from aiayn.model.ensemble import Ensemble
+
+    with pytest.raises(ValueError, match=r"DecodeConfig\.cuda_graphs=true serves greedy and beam"):
+        DecodeConfig("sample", cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"DecodeConfig\.cuda_graphs must be"):
+        DecodeConfig(cuda_graphs="yes")  # type: ignore[arg-type]
+    model = peaky_model()
+    src, _ = padded_batch()
+    with pytest.raises(ValueError, match="needs a single Transformer; Ensemble"):
+        generate(Ensemble([model, model]), src, DecodeConfig(cuda_graphs=True))
+    # null: the shrinking batch off the GPU, for an ensemble too
+    assert generate(Ensemble([model, model]), src, DecodeConfig()) == generate(
+        Ensemble([model, model]), src, DecodeConfig(cuda_graphs=False)
+    )
+
+
+@pytest.mark.parametrize("config", [DecodeConfig(), DecodeConfig("beam", beam_size=3)])
+def test_the_static_cache_stops_at_the_first_look_after_every_sentence_ended(
+    config: DecodeConfig,
+) -> None:
+    """Every output ends at step 4 (5 6 7 EOS); the static loop reads the device every
+    `SHRINK_EVERY` steps, so it stops at step 8 of the 54 allowed, with the same outputs."""
+    from aiayn.model.generate import SHRINK_EVERY
+
+    model = scripted_model({BOS: 5, 5: 6, 6: 7, 7: EOS})
+    src = random_tokens(2, 4, 10)
+    calls = count_steps(model)
+    results = generate(model, src, config.updated({"cuda_graphs": True}))
+    assert [hyps[0].tokens for hyps in results] == [[5, 6, 7], [5, 6, 7]]
+    k = config.beam_size if config.strategy == "beam" else 1
+    assert calls == [2 * k] * SHRINK_EVERY

@@ -17,6 +17,7 @@ from aiayn.callbacks.throughput import Throughput
 def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch):
     clock = iter([10.0, 12.0, 14.0, 100.0, 101.0])  # 86 s of validation between batches 2, 3
     monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(module, "log_step", lambda trainer: True)  # every step a log step
     logged: dict[str, list[float]] = {}
     pl_module = SimpleNamespace(
         device=torch.device("cpu"),
@@ -29,7 +30,7 @@ def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch
         SimpleNamespace(num_src_tokens=500, num_tgt_tokens=300),
         SimpleNamespace(num_src_tokens=60, num_tgt_tokens=40),
     ]
-    one = SimpleNamespace(world_size=1)  # one process: the rate of every step is logged
+    one = SimpleNamespace(world_size=1)
     callback.on_train_batch_start(one)  # 10.0
     callback.on_train_batch_end(one, pl_module, None, batches[0])  # 12.0: 400 tokens in 2 s
     callback.on_train_batch_end(one, pl_module, None, batches[1])  # 14.0: 800 in 2 s
@@ -42,6 +43,31 @@ def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch
     assert callback.mean_rate(4, target_only=True) == pytest.approx(4 * 440 / 5)  # all ranks
 
 
+def test_steps_between_log_steps_log_nothing_and_still_count(monkeypatch):
+    """Lightning writes the values of log steps only; a step between them logs nothing (each
+    log call costs host time that a GPU update waits for), and its tokens and seconds still
+    count in the run's mean rates and minutes."""
+    clock = iter([10.0, 11.0, 12.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    steps = iter([False, True])
+    monkeypatch.setattr(module, "log_step", lambda trainer: next(steps))
+    logged: dict[str, list[float]] = {}
+    pl_module = SimpleNamespace(
+        device=torch.device("cpu"),
+        log=lambda name, value, **_: logged.setdefault(name, []).append(float(value)),
+    )
+    callback, one = Throughput(), SimpleNamespace(world_size=1)
+    callback._start = 10.0  # as on_fit_start sets it (no peak: no MFU, which needs a model)
+    callback.on_train_batch_start(one)  # 10.0
+    batch = SimpleNamespace(num_src_tokens=30, num_tgt_tokens=10)
+    callback.on_train_batch_end(one, pl_module, None, batch)  # 11.0: not a log step
+    assert logged == {}
+    callback.on_train_batch_end(one, pl_module, None, batch)  # 12.0: a log step
+    assert logged["train/tokens_per_sec"] == [40.0]  # its own step's rate
+    assert logged["train/elapsed_min"] == [pytest.approx(2 / 60)]
+    assert callback.mean_rate(1, target_only=True) == pytest.approx(20 / 2)
+
+
 def _peak_kib_from_proc() -> int:
     """VmHWM of /proc/self/status: the kernel's peak resident set of this process, KiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -51,7 +77,7 @@ def _peak_kib_from_proc() -> int:
 
 
 @pytest.mark.skipif(not module.sys.platform.startswith("linux"), reason="reads /proc (Linux)")
-def test_peak_resident_memory_is_logged_as_the_kernel_counts_it():
+def test_peak_resident_memory_is_logged_as_the_kernel_counts_it(monkeypatch):
     """`train/peak_rss_mib` is the process's high-water mark at the step, in MiB: between the
     kernel's VmHWM before and after it (within the few MiB its per-thread counters lag), and
     it grows when the process takes more memory."""
@@ -62,6 +88,7 @@ def test_peak_resident_memory_is_logged_as_the_kernel_counts_it():
     )
     batch = SimpleNamespace(num_src_tokens=10, num_tgt_tokens=10)
     callback = Throughput()
+    monkeypatch.setattr(module, "log_step", lambda trainer: True)
     before = _peak_kib_from_proc()
     one = SimpleNamespace(world_size=1)
     callback.on_train_batch_end(one, pl_module, None, batch)

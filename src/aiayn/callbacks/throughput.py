@@ -49,10 +49,10 @@ def peak_rss_mib() -> float | None:
 
 
 class Throughput(L.Callback):
-    """Logs `train/tokens_per_sec` every step (under DDP, where the sum over ranks is a
-    collective, at log steps only: `aiayn.training.loggers.log_step`) and keeps this
-    process's totals (`tokens`, `target_tokens`, `seconds`) for the run's mean rates. Added
-    to every run by `aiayn.training.run`."""
+    """Logs its metrics at log steps (`aiayn.training.loggers.log_step`: the steps whose values
+    Lightning writes; each value is that step's own) and keeps this process's totals
+    (`tokens`, `target_tokens`, `seconds`) for the run's mean rates. Added to every run by
+    `aiayn.training.run`."""
 
     def __init__(self) -> None:
         self.tokens, self.target_tokens, self.seconds = 0, 0, 0.0
@@ -86,20 +86,19 @@ class Throughput(L.Callback):
         tokens = batch.num_src_tokens + batch.num_tgt_tokens
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
         self.target_tokens += batch.num_tgt_tokens
+        self._minutes = self._before + (now - (self._start or now)) / 60.0
+        if not log_step(trainer):
+            return  # Lightning writes the log steps' values only, and each log call costs the
+            # host time that a GPU's update, issued by the host, waits for
         # summed over ranks, so on the module's device (NCCL has no CPU tensors), made there by
-        # a fill: a copy of host data would wait for the device; under DDP at log steps only,
-        # as the sum is a collective (a rate logged between them would never be written)
-        if trainer.world_size == 1 or log_step(trainer):
-            rate = torch.full((), tokens / elapsed, device=pl_module.device)
-            pl_module.log(
-                "train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum"
-            )
+        # a fill: a copy of host data would wait for the device
+        rate = torch.full((), tokens / elapsed, device=pl_module.device)
+        pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
         if self.peak is not None:
             flops = 3 * forward_flops(
                 pl_module.model_config, *batch.src.shape, batch.tgt_in.size(1)
             )
             log_host(pl_module, "train/mfu", flops / elapsed / self.peak.flops)
-        self._minutes = self._before + (now - (self._start or now)) / 60.0
         log_host(pl_module, "train/elapsed_min", self._minutes, reduce_fx="max")
         rss = peak_rss_mib()
         if rss is not None:

@@ -50,6 +50,14 @@ class TokenEmbedding(nn.Module):
         return x * self.out_scale if self.out_scale != 1.0 else x
 
 
+def _rows(table: Tensor, length: int, offset: int | Tensor) -> Tensor:
+    """Rows ``offset .. offset + length`` of ``table (P, d)`` -> ``(length, d)``; a 0-d tensor
+    ``offset`` (a `StaticKVCache`'s position) is read on the device, not the host."""
+    if isinstance(offset, Tensor):
+        return table.index_select(0, offset + torch.arange(length, device=table.device))
+    return table[offset : offset + length]
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed ``PE[pos, 2i] = sin(pos / 10000^(2i/d))``, ``PE[pos, 2i+1] = cos(...)``; any ``d``
     (odd included). ``forward(length, offset) -> (length, d)``."""
@@ -66,8 +74,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
         self.register_buffer("pe", pe.float(), persistent=False)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        return self.pe[offset : offset + length]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        return _rows(self.pe, length, offset)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -80,15 +88,17 @@ class LearnedPositionalEmbedding(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.weight.size(1) ** -0.5)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        return self.weight[offset : offset + length]
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        return _rows(self.weight, length, offset)
 
 
 class Embedding(nn.Module):
     """``nn.Dropout(TokenEmbedding(tokens) + PE)`` (with ``norm``: ``nn.Dropout(LayerNorm(...))``):
     ``tokens (B, L)`` -> ``(B, L, d_model)``.
 
-    ``offset`` is the position of the first token (the cache length when decoding step by step).
+    ``offset`` is the position of the first token (the cache's offset when decoding step by
+    step): an int, checked against ``max_positions``, or a 0-d tensor on the device (a
+    `StaticKVCache`, whose capacity was checked instead).
     """
 
     def __init__(
@@ -112,9 +122,9 @@ class Embedding(nn.Module):
         self.max_positions = max_positions
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
         length = tokens.size(1)
-        if offset + length > self.max_positions:
+        if isinstance(offset, int) and offset + length > self.max_positions:
             raise ValueError(
                 f"sequence reaches position {offset + length} but ModelConfig.max_positions="
                 f"{self.max_positions}; raise max_positions or shorten the input"

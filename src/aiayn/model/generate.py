@@ -20,6 +20,13 @@ most likely tokens and to the smallest set whose probability reaches ``top_p``, 
 generator seeded by ``seed`` (the same seed and batch give the same samples; since finished
 sentences leave the batch, a sentence's draws depend on when the others in its batch end);
 its score is that of the model's own log-probabilities of the drawn tokens.
+
+On a GPU, greedy and beam search of a Transformer run on a `StaticKVCache` with one CUDA graph
+of the decoder step (``cuda_graphs``, `aiayn.model.graphed`): a step is one graph launch
+instead of hundreds of kernel launches, and the batch keeps its size to the end (finished
+sentences idle, their outputs unchanged). Beam search then keeps its finished hypotheses on
+the device and reads it only every `SHRINK_EVERY` steps and once at the end. Both give the
+results of the path above (`tests/model/test_generate.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ import torch
 from torch import Tensor
 
 from aiayn.model.build import Cache, Model
+from aiayn.model.cache import StaticKVCache
+from aiayn.model.graphed import static_step
 from aiayn.model.masks import padding_mask
+from aiayn.model.transformer import Transformer
 
 if TYPE_CHECKING:
     from aiayn.model.ensemble import Ensemble
@@ -63,6 +73,9 @@ class DecodeConfig:
     # text every output starts with (tokenized with the target tokenizer; its tokens are
     # forced and scored); translate.py prefix_file gives one per input line
     prefix: str | None = None
+    # greedy and beam search of a Transformer on a StaticKVCache, its step one CUDA graph:
+    # None = on a GPU; true elsewhere runs the same fixed-shape loop without graphs
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,6 +123,15 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{name} must be a finite number >= 0, got {value!r}")
         if self.prefix is not None and not isinstance(self.prefix, str):
             raise ValueError(f"DecodeConfig.prefix must be text, got {self.prefix!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(
+                f"DecodeConfig.cuda_graphs must be true, false or null, got {self.cuda_graphs!r}"
+            )
+        if self.cuda_graphs and self.strategy == "sample":
+            raise ValueError(
+                "DecodeConfig.cuda_graphs=true serves greedy and beam search; sampling's batch "
+                "shrinks as sentences end: set cuda_graphs=null"
+            )
         if not isinstance(self.max_len_b, int) or isinstance(self.max_len_b, bool):
             raise ValueError(f"DecodeConfig.max_len_b must be an integer, got {self.max_len_b!r}")
         if self.max_len_a == 0 and self.max_len_b < 1:
@@ -167,8 +189,6 @@ def generate(
     """
     if src_mask is None:
         src_mask = padding_mask(src, model.config.pad_id)
-    memory = model.encode(src, src_mask)
-    cache = model.init_cache(memory, src_mask)
     max_positions = model.config.max_positions
     max_lens = max_output_lengths(src_mask.sum(dim=-1).tolist(), config, max_positions)
     vocab = model.config.tgt_vocab_size
@@ -176,15 +196,44 @@ def generate(
     if forced is not None:  # room for each row's prefix and one more token
         needed = (forced >= 0).sum(dim=1).add(1).tolist()
         max_lens = [min(max(n, m), max_positions) for n, m in zip(max_lens, needed, strict=True)]
-    if config.strategy == "greedy":
-        return _greedy(model, cache, max_lens, config.length_penalty, src.device, _argmax, forced)
-    if config.strategy == "sample":
-        pick = _sampler(config, src.device)
-        return _greedy(model, cache, max_lens, config.length_penalty, src.device, pick, forced)
-    k, nbest, alpha = config.beam_size, config.nbest, config.length_penalty
+    alpha, k = config.length_penalty, config.beam_size
+    if _on_static_cache(model, config, src.device):
+        if config.strategy == "beam":  # k rows a sentence from the start
+            src, src_mask = src.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)
+            forced = forced.repeat_interleave(k, dim=0) if forced is not None else None
+        cache = model.init_cache(model.encode(src, src_mask), src_mask, capacity=max(max_lens))
+        decode = static_step(model, cache)
+        if config.strategy == "greedy":
+            return _greedy(
+                model, decode, cache, max_lens, alpha, src.device, _argmax, forced, shrink=False
+            )
+        return _beam_static(model, decode, cache, max_lens, k, config.nbest, alpha, forced)
+    cache = model.init_cache(model.encode(src, src_mask), src_mask)
+
+    def decode(tokens: Tensor) -> Tensor:
+        return model.decode_step(tokens, cache)
+
+    if config.strategy != "beam":
+        pick = _argmax if config.strategy == "greedy" else _sampler(config, src.device)
+        return _greedy(model, decode, cache, max_lens, alpha, src.device, pick, forced)
     if forced is not None:
         forced = forced.repeat_interleave(k, dim=0)
-    return _beam(model, cache, max_lens, k, nbest, alpha, src.device, forced)
+    return _beam(model, decode, cache, max_lens, k, config.nbest, alpha, src.device, forced)
+
+
+def _on_static_cache(model: Model | Ensemble, config: DecodeConfig, device: torch.device) -> bool:
+    """Whether this decode runs on a `StaticKVCache` (`DecodeConfig.cuda_graphs`; null: a
+    Transformer's greedy or beam search on a GPU). ValueError for a model that has none."""
+    if config.cuda_graphs is False or config.strategy == "sample":
+        return False
+    if not isinstance(model, Transformer):
+        if config.cuda_graphs:
+            raise ValueError(
+                "DecodeConfig.cuda_graphs=true needs a single Transformer; "
+                f"{type(model).__name__} decodes on its own cache: set cuda_graphs=null"
+            )
+        return False
+    return bool(config.cuda_graphs) or device.type == "cuda"
 
 
 def _forced_tokens(
@@ -213,16 +262,10 @@ def _forced_tokens(
     return forced.to(device)
 
 
-def _next_logprobs(
-    model: Model | Ensemble,
-    tokens: Tensor,
-    cache: Cache,
-    forced: Tensor | None = None,
-    step: int = 0,
-) -> Tensor:
-    """``tokens (N, 1)`` -> float32 log-probabilities of the next token ``(N, V)``; a row
-    whose prefix (``forced (N, P)``, -1 = none) reaches ``step`` may only take its token."""
-    logits = model.decode_step(tokens, cache)
+def _next_logprobs(logits: Tensor, forced: Tensor | None = None, step: int = 0) -> Tensor:
+    """The decoder step's ``logits (N, T, V)`` -> float32 log-probabilities of the next token
+    ``(N, V)``; a row whose prefix (``forced (N, P)``, -1 = none) reaches ``step`` may only
+    take its token."""
     logprobs = logits[:, -1].float().log_softmax(dim=-1)
     if forced is None or step >= forced.size(1):
         return logprobs
@@ -230,6 +273,10 @@ def _next_logprobs(
     only = torch.full_like(logprobs, float("-inf"))
     only.scatter_(1, want.clamp(min=0), logprobs.gather(1, want.clamp(min=0)))
     return torch.where(want >= 0, only, logprobs)
+
+
+# one decoder step: the next tokens (N, 1) -> logits (N, 1, V), the cache moved on
+Step = Callable[[Tensor], Tensor]
 
 
 # log-probabilities (N, V) -> the chosen token's (log-probability (N, 1), id (N, 1))
@@ -264,37 +311,41 @@ def _sampler(config: DecodeConfig, device: torch.device) -> Pick:
 
 def _greedy(
     model: Model | Ensemble,
-    cache: Cache,
+    decode: Step,
+    cache: Cache | StaticKVCache,
     max_lens: list[int],
     alpha: float,
     device: torch.device,
     pick: Pick,
     forced: Tensor | None = None,
+    shrink: bool = True,
 ) -> list[list[Hypothesis]]:
     """One token per step, chosen by `pick` (`_argmax`: greedy search; `_sampler`). A sentence
-    that ends leaves the batch (and the cache) at once: the steps after it cost only what is
-    still decoding."""
+    that ends leaves the batch (and the cache) at the next look; with ``shrink=False`` (a
+    `StaticKVCache`) it idles there until every sentence has ended."""
     B, steps = len(max_lens), max(max_lens)
     bos_id, eos_id = model.config.bos_id, model.config.eos_id
-    rows = torch.arange(B, device=device)  # the sentence of each row still decoding
+    rows: Tensor | slice = torch.arange(B, device=device) if shrink else slice(None)
     limit = torch.tensor(max_lens, device=device)
     token = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     score = torch.zeros(B, device=device)
     length = torch.zeros(B, dtype=torch.long, device=device)  # scored tokens (incl. EOS)
     out = torch.full((B, steps), eos_id, dtype=torch.long, device=device)
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # of the rows still in the batch
-    every = CPU_SHRINK_EVERY if device.type == "cpu" else SHRINK_EVERY
+    every = CPU_SHRINK_EVERY if device.type == "cpu" and shrink else SHRINK_EVERY
     for step in range(steps):
-        best, token = pick(_next_logprobs(model, token, cache, forced, step))
+        best, token = pick(_next_logprobs(decode(token), forced, step))
         score[rows] += best[:, 0].masked_fill(ended, 0.0)
         length[rows] += (~ended).long()
         out[rows, step] = token[:, 0].masked_fill(ended, eos_id)
         ended = ended | (token[:, 0] == eos_id) | (step + 1 >= limit)
         if (step + 1) % every and step + 1 < steps:
             continue  # no read of the device this step
-        if bool(ended.any()):
+        if not shrink or bool(ended.any()):
             if bool(ended.all()):
                 break
+            if not shrink:
+                continue
             going = (~ended).nonzero()[:, 0]
             cache.reorder(going)
             rows, limit, token, ended = rows[going], limit[going], token[going], ended[going]
@@ -310,6 +361,7 @@ def _greedy(
 
 def _beam(
     model: Model | Ensemble,
+    decode: Step,
     cache: Cache,
     max_lens: list[int],
     k: int,
@@ -332,7 +384,7 @@ def _beam(
     for step in range(max(max_lens)):
         n = len(sentences)
         first_row = torch.arange(n, device=device)[:, None] * k
-        logprobs = _next_logprobs(model, tokens[:, -1:], cache, forced, step)  # (n*k, V)
+        logprobs = _next_logprobs(decode(tokens[:, -1:]), forced, step)  # (n*k, V)
         V = logprobs.size(-1)
         candidates = (scores.view(-1, 1) + logprobs).view(n, k * V)
         top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (n, 2k), best first
@@ -380,3 +432,106 @@ def _beam(
         scores, tokens = scores[group], tokens[kept_rows]
         forced = forced[kept_rows] if forced is not None else None
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+
+def _beam_static(
+    model: Transformer,
+    decode: Step,
+    cache: StaticKVCache,
+    max_lens: list[int],
+    k: int,
+    nbest: int,
+    alpha: float,
+    forced: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """`_beam` on a `StaticKVCache` of ``B * k`` rows (sentence ``b``'s beams are rows ``b * k
+    .. b * k + k - 1`` to the end): the same hypotheses, collected on the device. A finished
+    sentence's rows go on decoding, ignored; the device is read every `SHRINK_EVERY` steps
+    (has every sentence finished?) and once at the end."""
+    B, steps, device = len(max_lens), max(max_lens), cache.position.device
+    bos_id, eos_id = model.config.bos_id, model.config.eos_id
+    first_row = torch.arange(B, device=device)[:, None] * k
+    limit, shortest = torch.tensor(max_lens, device=device), min(max_lens)
+    history = torch.full((B * k, steps + 1), bos_id, dtype=torch.long, device=device)
+    token = history[:, :1]
+    scores = torch.zeros(B, k, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
+    rank = torch.arange(2 * k, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    finished = _Finished(B, 2 * k, steps, device)  # up to k - 1 by EOS, then k at the limit
+    for step in range(steps):
+        logprobs = _next_logprobs(decode(token), forced, step)  # (B*k, V)
+        V = logprobs.size(-1)
+        candidates = (scores.view(-1, 1) + logprobs).view(B, k * V)
+        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (B, 2k), best first
+        top_beam, top_token = top_index // V, top_index % V
+        is_eos = top_token == eos_id
+        # EOS among the k best candidates finishes a hypothesis, while its sentence has room
+        hits = is_eos[:, :k] & torch.isfinite(top_scores[:, :k]) & ~done[:, None]
+        ended = history[first_row + top_beam[:, :k], 1:]  # (B, k, steps): the tokens before EOS
+        finished.add(hits, top_scores[:, :k], ended, step, step, room=k)
+        keep = (is_eos.long() * (2 * k) + rank).argsort(dim=-1)[:, :k]
+        scores = top_scores.gather(1, keep)
+        rows = (first_row + top_beam.gather(1, keep)).view(-1)
+        history = history.index_select(0, rows)
+        history[:, step + 1] = top_token.gather(1, keep).view(-1)
+        done = done | (finished.count >= k)
+        if step + 1 >= shortest:  # the length limit: a sentence with room left finishes with
+            at_limit = ~done & (step + 1 >= limit)  # its alive beams
+            alive = at_limit[:, None] & (scores != float("-inf"))
+            tokens = history[:, 1:].view(B, k, steps)
+            finished.add(alive, scores, tokens, step + 1, step, room=2 * k)
+            done = done | at_limit
+        cache.reorder(rows, cross=False)
+        token = history[:, step + 1 : step + 2]
+        if (step + 1) % SHRINK_EVERY == 0 and bool(done.all()):
+            break
+    return finished.hypotheses(nbest, alpha)
+
+
+class _Finished:
+    """Beam search's finished hypotheses of ``B`` sentences on the device, ``slots`` each, in
+    the order found: raw score, tokens and length, and the step whose penalty divides the
+    score (``length_penalty(step + 1)``, as `_beam`)."""
+
+    def __init__(self, B: int, slots: int, steps: int, device: torch.device) -> None:
+        self.count = torch.zeros(B, dtype=torch.long, device=device)
+        self.slots = slots  # one more column, `slots`, takes the writes of rows that add nothing
+        self.score = torch.zeros(B, slots + 1, device=device)
+        self.length = torch.zeros(B, slots + 1, dtype=torch.long, device=device)
+        self.step = torch.zeros(B, slots + 1, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(B, slots + 1, steps, dtype=torch.long, device=device)
+
+    def add(
+        self, take: Tensor, score: Tensor, tokens: Tensor, length: int, step: int, room: int
+    ) -> None:
+        """Add, in column order, the hypotheses where ``take (B, n)``: raw ``score (B, n)``,
+        ``tokens (B, n, steps)`` of which the first ``length`` count, found at ``step``, while
+        their sentence holds fewer than ``room``."""
+        slot = self.count[:, None] + take.long().cumsum(dim=1) - 1
+        take = take & (slot < room)
+        slot = torch.where(take, slot, self.slots)
+        self.score.scatter_(1, slot, score)
+        self.length.scatter_(1, slot, torch.full_like(slot, length))
+        self.step.scatter_(1, slot, torch.full_like(slot, step))
+        self.tokens.scatter_(1, slot[..., None].expand_as(tokens), tokens)
+        self.count += take.sum(dim=1)
+
+    def hypotheses(self, nbest: int, alpha: float) -> list[list[Hypothesis]]:
+        """Per sentence its ``nbest`` best, as `_beam` sorts them (stable, best first)."""
+        results = []
+        rows = zip(
+            self.count.tolist(),
+            self.score.tolist(),
+            self.length.tolist(),
+            self.step.tolist(),
+            self.tokens.tolist(),
+            strict=True,
+        )
+        for count, scores, lengths, steps, tokens in rows:
+            hyps = [
+                Hypothesis(tokens[j][: lengths[j]], scores[j] / length_penalty(steps[j] + 1, alpha))
+                for j in range(count)
+            ]
+            results.append(sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest])
+        return results

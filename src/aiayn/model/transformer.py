@@ -20,7 +20,7 @@ from aiayn.model.attention import (
     SharedHeadProjection,
     capture_attention,
 )
-from aiayn.model.cache import KVCache, LayerCache
+from aiayn.model.cache import KVCache, LayerCache, StaticKVCache
 from aiayn.model.config import ModelConfig
 from aiayn.model.embedding import (
     Embedding,
@@ -248,33 +248,40 @@ class Transformer(nn.Module):
 
     # -- incremental decoding ---------------------------------------------------------------
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor | None) -> KVCache:
+    def init_cache(
+        self, memory: Tensor, src_mask: Tensor | None, capacity: int | None = None
+    ) -> KVCache | StaticKVCache:
         """A fresh ``KVCache`` for ``memory (B, S, D)`` with source key-padding ``src_mask
         (B, S)`` (required, as in ``decode``; None = no source padding): the cross-attention
-        keys/values are computed here, once."""
-        layers = [
-            LayerCache(*layer.cross_attn.project_memory(memory)) for layer in self.decoder.layers
-        ]
-        return KVCache(layers, attention_mask(self._key_mask(None, src_mask)))
+        keys/values are computed here, once. With ``capacity``, a ``StaticKVCache`` of that
+        many positions (fixed buffers and batch: what a CUDA graph of `decode_step` needs)."""
+        cross = [layer.cross_attn.project_memory(memory) for layer in self.decoder.layers]
+        memory_mask = attention_mask(self._key_mask(None, src_mask))
+        if capacity is None:
+            return KVCache([LayerCache(k, v) for k, v in cross], memory_mask)
+        if not 0 < capacity <= self.config.max_positions:
+            raise ValueError(
+                f"capacity={capacity} must lie in 1..ModelConfig.max_positions="
+                f"{self.config.max_positions}"
+            )
+        return StaticKVCache(cross, memory_mask, capacity)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, cache: KVCache | StaticKVCache) -> Tensor:
         """Incremental decoder pass: ``tokens (B, T_new)`` -> ``logits (B, T_new, V)``.
 
-        ``tokens`` are the next positions, continuing from ``cache.length``, and are taken as
+        ``tokens`` are the next positions, continuing from ``cache.offset``, and are taken as
         real (no padding is derived); the source comes from the cache (``init_cache``), which
-        is updated in place. The next-token logits are ``logits[:, -1]``.
+        is updated in place. The next-token logits are ``logits[:, -1]``. On a
+        ``StaticKVCache`` (one token a step) nothing here reads the device: the step can be
+        captured as a CUDA graph; the caller then moves the cache on (``advance``).
         """
         if tokens.size(0) != cache.batch_size:
             raise ValueError(
                 f"tokens have batch size {tokens.size(0)} but the cache {cache.batch_size}"
             )
-        T, offset = tokens.size(1), cache.length
-        self_mask = None  # a single new token sees every cached position
-        if T > 1:
-            self_mask = causal_mask(T, offset=offset, device=tokens.device)[None, None]
         x = self.decoder(
-            self.tgt_embed(tokens, offset),
-            self_mask=self_mask,
+            self.tgt_embed(tokens, cache.offset),
+            self_mask=cache.self_mask(tokens.size(1)),
             memory_mask=cache.memory_mask,
             cache=cache,
         )

@@ -130,7 +130,7 @@ class TranslationModule(L.LightningModule):
         self._step_loss = loss.detach()
         if log_step(self.trainer):  # between log steps nothing here waits for the device
             self._log_loss(self._step_loss, nll.detach())
-        log_host(self, "train/lr", self.optimizers().param_groups[0]["lr"])
+            log_host(self, "train/lr", self.optimizers().param_groups[0]["lr"])
         if not self._normalises_over_update():
             return loss
         self._update_tokens += batch.num_tgt_tokens  # counted on the host by the collate
@@ -196,11 +196,12 @@ class TranslationModule(L.LightningModule):
         if isinstance(norm, DTensor):  # sharded (trainer=fsdp): the norm over every share
             norm = norm.full_tensor()
         self._grad_norm = norm
-        self.log("train/grad_norm", norm)
         scale = scaler._get_scale_async() if scaler is not None else None
         lr = optimizer.param_groups[0]["lr"]
         skip = self.guard.observe(norm, self.trainer.global_step, self._step_loss, lr, scale)
-        self.log("train/skipped_updates", self.guard.skipped)
+        if log_step(self.trainer):  # what Lightning writes; a log call costs the host time
+            self.log("train/grad_norm", norm)
+            self.log("train/skipped_updates", self.guard.skipped)
         if scaler is not None:
             return  # the scaler saw the same non-finite gradients and skips the step
         if _handles_unscaling(optimizer):
