@@ -319,7 +319,7 @@ def test_cuda_graph_decoding_gives_the_shrinking_batch_s_hypotheses(dtype):
         for batch in (src, src[:5, :7].clone().fill_(7)):
             graphs = generate(model, batch, decode)
             plain = generate(model, batch, decode.updated({"cuda_graphs": False}))
-            tokens = [[h.tokens for h in hyps] for hyps in (graphs, plain)]
+            tokens = [[[h.tokens for h in hyps] for hyps in out] for out in (graphs, plain)]
             if dtype == torch.float32:
                 assert tokens[0] == tokens[1]
                 for ours, theirs in zip(graphs, plain, strict=True):
