@@ -16,9 +16,12 @@ per second over `mfu_peak`, a GPU's datasheet dense peak for the precision in us
 measured peak printed beside it), a CPU's measured peak. `--aiayn eager,compiled` puts aiayn
 eager and compiled (`compile=true`: model, output layer and loss as one graph, every batch
 dimension symbolic) side by side; two more variants try what `compile=true` could become:
-`static` (a graph for the batch's shape, `dynamic=False`) and `graphs` (that graph replayed as
-CUDA graphs, `mode="reduce-overhead"`). The first two updates of each variant (its
-compilation) are timed and printed under the table;
+`static` (a graph for the batch's shape, `dynamic=False`), `batch` (the batch dimension alone
+symbolic, `torch._dynamo.mark_dynamic`: one graph for any number of sentences of these
+lengths) and `graphs` (the static graph replayed as CUDA graphs, `mode="reduce-overhead"`).
+The first two updates of each variant (its compilation) are timed and printed under the
+table. `--sdpa flash|efficient|cudnn|math` pins every model's attention to one of
+`F.scaled_dot_product_attention`'s backends (default: torch's choice);
 on a GPU each step's peak memory above the models' resident weights and optimizer states is
 given too. On a GPU (`--device cuda`) all run under autocast in the card's
 training precision (bf16 from compute capability 8.0 on, else fp16, as `trainer.precision=auto`
@@ -32,13 +35,15 @@ the peers run with it too (they gain more from it than aiayn, whose loss allocat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.data.dataset import Batch
 from aiayn.kernels import resolve, use
@@ -56,13 +61,22 @@ SHAPES = {  # d_model, layers (each side), heads, d_ff
 }
 SMOOTHING, DROPOUT = 0.1, 0.1
 CPU_SHAPES = ("tiny", "small", "base")  # what a 2-core CPU times in minutes
+BATCH_DIMS = ("src", "tgt_in", "tgt_out")  # the loss's inputs, (B, L) each
 # aiayn's variants: how its loss (model, output layer, loss) is compiled; "compiled" is what
 # compile=true runs (aiayn.training.module), the other two are tried here only
 VARIANTS: dict[str, dict[str, object] | None] = {
     "eager": None,
     "compiled": {"dynamic": True},
     "static": {"dynamic": False},
+    "batch": {"dynamic": False},  # and the batch dimension marked dynamic (aiayn_step)
     "graphs": {"dynamic": False, "mode": "reduce-overhead"},
+}
+# --sdpa: the backends F.scaled_dot_product_attention may pick from
+SDPA = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
 }
 
 
@@ -90,8 +104,12 @@ def aiayn_step(
     )
     optim = {"schedule": "inverse_sqrt", "lr": 1e-3, "warmup_steps": 100}
     module = TranslationModule(asdict(config), optim, {}, compile=variant == "compiled")
-    if variant in ("static", "graphs"):  # what compile=true compiles, with other options
+    if variant in ("static", "batch", "graphs"):  # what compile=true compiles, other options
         module._step_losses = torch.compile(module._losses, **VARIANTS[variant])  # type: ignore
+    if variant == "batch":  # its own tensors: a mark stays on the tensor, for later variants too
+        batch = replace(batch, **{name: getattr(batch, name).clone() for name in BATCH_DIMS})
+        for name in BATCH_DIMS:
+            torch._dynamo.mark_dynamic(getattr(batch, name), 0)
     module = module.to(batch.src.device).train()
     optimizer = module.configure_optimizers()["optimizer"]
     graphs = variant == "graphs"
@@ -236,6 +254,11 @@ def step_memory(step: Callable[[], None]) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
+def attention(backend: str | None) -> contextlib.AbstractContextManager:
+    """`--sdpa`: SDPA limited to one backend, or torch's own choice (None)."""
+    return sdpa_kernel(SDPA[backend]) if backend else contextlib.nullcontext()
+
+
 def random_batch(args: argparse.Namespace, device: torch.device) -> Batch:
     """A batch without padding: every position is a real token, on every model."""
     g = torch.Generator().manual_seed(0)
@@ -274,6 +297,9 @@ def main() -> None:
         "loss compiled as one graph), static, graphs (see the module docstring)",
     )
     parser.add_argument("--compile", action="store_true", help="the same as --aiayn compiled")
+    parser.add_argument(
+        "--sdpa", choices=sorted(SDPA), help="pin every model's attention to one SDPA backend"
+    )
     args = parser.parse_args()
     variants = ["compiled"] if args.compile else args.aiayn.split(",")
     if not variants or set(variants) - set(VARIANTS):
@@ -312,7 +338,8 @@ def main() -> None:
         f"batch {args.batch_size} x {args.src_len} src x {args.tgt_len} tgt tokens "
         f"({args.batch_size * args.tgt_len} target tokens), vocab "
         f"{args.vocab}, label smoothing {SMOOTHING}, dropout {DROPOUT}, "
-        f"{str(dtype).removeprefix('torch.') + ' autocast' if cuda else 'fp32'}"
+        f"{str(dtype).removeprefix('torch.') + ' autocast' if cuda else 'fp32'}, attention: "
+        f"{args.sdpa or 'the backend torch picks'}"
     )
     names = [f"aiayn {v}" if len(variants) > 1 or v != "eager" else "aiayn" for v in variants]
     header = [*(f"{n} tgt tok/s" for n in names), "HF Marian", "torch.nn.Transformer"]
@@ -328,7 +355,7 @@ def main() -> None:
         steps = [aiayn_step(shape, args.vocab, batch, v) for v in variants]
         steps += [build(shape, args.vocab, batch) for build in (marian_step, torch_step)]
         warm_up: list[float] = []
-        with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+        with torch.autocast(device.type, dtype=dtype, enabled=cuda), attention(args.sdpa):
             seconds = best_seconds(steps, args.repeats, sync, warm_up)
             memory = [step_memory(step) for step in steps] if cuda else []
         *ours, marian, plain = seconds

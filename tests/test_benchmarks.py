@@ -45,8 +45,9 @@ def number(cell: str) -> float:
 
 
 def test_train_speed_prints_the_peers_and_the_ratios_of_its_rates(tmp_path):
-    out = run(tmp_path, "train_speed.py", *SMALL_BATCH, "--repeats", "1", "--shapes", "tiny")
-    assert "matmul peak" in out
+    args = [*SMALL_BATCH, "--repeats", "1", "--shapes", "tiny", "--sdpa", "math"]
+    out = run(tmp_path, "train_speed.py", *args)
+    assert "matmul peak" in out and "attention: math" in out  # every model pinned to it
     assert "MFU peak (float32, mfu_peak)" in out and "GFLOP/s, measured" in out  # a CPU's
     row = rows(out, "tiny")[0]  # the float32 table (a bf16 one follows where bf16 is native)
     ours, marian, plain = (number(cell) for cell in row[1:4])
