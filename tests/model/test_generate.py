@@ -581,7 +581,7 @@ def test_the_static_cache_stops_at_the_first_look_after_every_sentence_ended(
 ) -> None:
     """Every output ends at step 4 (5 6 7 EOS); the static loop reads the device every
     `SHRINK_EVERY` steps, so it stops at step 8 of the 54 allowed, with the same outputs."""
-    from aiayn.model.generate import SHRINK_EVERY
+    from aiayn.model.search import SHRINK_EVERY
 
     model = scripted_model({BOS: 5, 5: 6, 6: 7, 7: EOS})
     src = random_tokens(2, 4, 10)
@@ -590,3 +590,27 @@ def test_the_static_cache_stops_at_the_first_look_after_every_sentence_ended(
     assert [hyps[0].tokens for hyps in results] == [[5, 6, 7], [5, 6, 7]]
     k = config.beam_size if config.strategy == "beam" else 1
     assert calls == [2 * k] * SHRINK_EVERY
+
+
+@pytest.mark.parametrize("config", STATIC_CONFIGS[:3], ids=["greedy", "b1", "b3n3"])
+def test_steps_run_before_the_capture_are_undone(config: DecodeConfig, monkeypatch) -> None:
+    """On a GPU the search's step runs once before its capture (a warm-up, which changes the
+    search's state and the cache) and `reset` undoes it. Done here with two warm-up steps:
+    the hypotheses are those of the shrinking batch, prefixes included."""
+    from aiayn.model import static_search
+
+    def warmed_up(step, reset, device):
+        step()
+        step()
+        reset()
+        return step
+
+    monkeypatch.setattr(static_search, "replayed", warmed_up)
+    src, _ = padded_batch()
+    for seed, eos_id in ((0, 5), (2, 13)):
+        model = peaky_model(seed, eos_id=eos_id)
+        for prefix in (None, [[20, 21], [], [6]]):
+            _same_hypotheses(
+                generate(model, src, config.updated({"cuda_graphs": True}), prefix=prefix),
+                generate(model, src, config.updated({"cuda_graphs": False}), prefix=prefix),
+            )

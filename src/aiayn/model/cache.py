@@ -9,7 +9,7 @@ copying only the positions filled so far.
 ``Transformer.init_cache(memory, src_mask, capacity=n)`` builds a ``StaticKVCache`` instead:
 buffers of ``n`` positions allocated once, a batch that never changes size, and the position
 of the next token held on the device, so that every step runs the same kernels on the same
-memory (what a CUDA graph replays: `aiayn.model.graphed`). Its ``reorder`` copies rows in
+memory (what a CUDA graph replays: `aiayn.model.static_search`). Its ``reorder`` copies rows in
 place; ``advance()`` moves to the next position.
 """
 

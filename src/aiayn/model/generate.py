@@ -21,12 +21,12 @@ generator seeded by ``seed`` (the same seed and batch give the same samples; sin
 sentences leave the batch, a sentence's draws depend on when the others in its batch end);
 its score is that of the model's own log-probabilities of the drawn tokens.
 
-On a GPU, greedy and beam search of a Transformer run on a `StaticKVCache` with one CUDA graph
-of the decoder step (``cuda_graphs``, `aiayn.model.graphed`): a step is one graph launch
-instead of hundreds of kernel launches, and the batch keeps its size to the end (finished
-sentences idle, their outputs unchanged). Beam search then keeps its finished hypotheses on
-the device and reads it only every `SHRINK_EVERY` steps and once at the end. Both give the
-results of the path above (`tests/model/test_generate.py`).
+On a GPU, greedy and beam search of a Transformer run on a `StaticKVCache`, each step (the
+decoder, the search's bookkeeping, the cache's reorder) one CUDA graph (``cuda_graphs``,
+`aiayn.model.static_search`): one launch a step instead of hundreds, the batch kept whole to
+the end (finished sentences idle, their outputs unchanged), the device read every
+`SHRINK_EVERY` steps and once at the end. They give the results of the searches above
+(`tests/model/test_generate.py`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,15 @@ import torch
 from torch import Tensor
 
 from aiayn.model.build import Cache, Model
-from aiayn.model.cache import StaticKVCache
-from aiayn.model.graphed import static_step
 from aiayn.model.masks import padding_mask
+from aiayn.model.search import (
+    SHRINK_EVERY,
+    Hypothesis,
+    length_penalty,
+    next_logprobs,
+    one_each,
+)
+from aiayn.model.static_search import beam_search, greedy_search
 from aiayn.model.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -51,7 +57,7 @@ if TYPE_CHECKING:
 STRATEGIES = ("greedy", "beam", "sample")
 # greedy and sampling: steps between two reads of which sentences ended (each read waits for
 # the device): every step on the CPU, where a finished sentence's compute is saved at once
-SHRINK_EVERY, CPU_SHRINK_EVERY = 8, 1
+CPU_SHRINK_EVERY = 1
 
 
 @dataclass
@@ -146,19 +152,6 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-@dataclass
-class Hypothesis:
-    """One output: ``tokens`` without BOS/EOS, length-normalised log-probability ``score``."""
-
-    tokens: list[int]
-    score: float
-
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ``((5 + length) / 6) ** alpha``."""
-    return ((5 + length) / 6) ** alpha
-
-
 def max_output_lengths(
     src_lengths: list[int], config: DecodeConfig, max_positions: int
 ) -> list[int]:
@@ -202,12 +195,9 @@ def generate(
             src, src_mask = src.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)
             forced = forced.repeat_interleave(k, dim=0) if forced is not None else None
         cache = model.init_cache(model.encode(src, src_mask), src_mask, capacity=max(max_lens))
-        decode = static_step(model, cache)
         if config.strategy == "greedy":
-            return _greedy(
-                model, decode, cache, max_lens, alpha, src.device, _argmax, forced, shrink=False
-            )
-        return _beam_static(model, decode, cache, max_lens, k, config.nbest, alpha, forced)
+            return greedy_search(model, cache, max_lens, alpha, forced)
+        return beam_search(model, cache, max_lens, k, config.nbest, alpha, forced)
     cache = model.init_cache(model.encode(src, src_mask), src_mask)
 
     def decode(tokens: Tensor) -> Tensor:
@@ -262,19 +252,6 @@ def _forced_tokens(
     return forced.to(device)
 
 
-def _next_logprobs(logits: Tensor, forced: Tensor | None = None, step: int = 0) -> Tensor:
-    """The decoder step's ``logits (N, T, V)`` -> float32 log-probabilities of the next token
-    ``(N, V)``; a row whose prefix (``forced (N, P)``, -1 = none) reaches ``step`` may only
-    take its token."""
-    logprobs = logits[:, -1].float().log_softmax(dim=-1)
-    if forced is None or step >= forced.size(1):
-        return logprobs
-    want = forced[:, step : step + 1]
-    only = torch.full_like(logprobs, float("-inf"))
-    only.scatter_(1, want.clamp(min=0), logprobs.gather(1, want.clamp(min=0)))
-    return torch.where(want >= 0, only, logprobs)
-
-
 # one decoder step: the next tokens (N, 1) -> logits (N, 1, V), the cache moved on
 Step = Callable[[Tensor], Tensor]
 
@@ -312,51 +289,41 @@ def _sampler(config: DecodeConfig, device: torch.device) -> Pick:
 def _greedy(
     model: Model | Ensemble,
     decode: Step,
-    cache: Cache | StaticKVCache,
+    cache: Cache,
     max_lens: list[int],
     alpha: float,
     device: torch.device,
     pick: Pick,
     forced: Tensor | None = None,
-    shrink: bool = True,
 ) -> list[list[Hypothesis]]:
     """One token per step, chosen by `pick` (`_argmax`: greedy search; `_sampler`). A sentence
-    that ends leaves the batch (and the cache) at the next look; with ``shrink=False`` (a
-    `StaticKVCache`) it idles there until every sentence has ended."""
+    that ends leaves the batch (and the cache) at the next look (at once on the CPU)."""
     B, steps = len(max_lens), max(max_lens)
     bos_id, eos_id = model.config.bos_id, model.config.eos_id
-    rows: Tensor | slice = torch.arange(B, device=device) if shrink else slice(None)
+    rows = torch.arange(B, device=device)  # the sentence of each row still decoding
     limit = torch.tensor(max_lens, device=device)
     token = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     score = torch.zeros(B, device=device)
     length = torch.zeros(B, dtype=torch.long, device=device)  # scored tokens (incl. EOS)
     out = torch.full((B, steps), eos_id, dtype=torch.long, device=device)
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # of the rows still in the batch
-    every = CPU_SHRINK_EVERY if device.type == "cpu" and shrink else SHRINK_EVERY
+    every = CPU_SHRINK_EVERY if device.type == "cpu" else SHRINK_EVERY
     for step in range(steps):
-        best, token = pick(_next_logprobs(decode(token), forced, step))
+        best, token = pick(next_logprobs(decode(token), forced, step))
         score[rows] += best[:, 0].masked_fill(ended, 0.0)
         length[rows] += (~ended).long()
         out[rows, step] = token[:, 0].masked_fill(ended, eos_id)
         ended = ended | (token[:, 0] == eos_id) | (step + 1 >= limit)
         if (step + 1) % every and step + 1 < steps:
             continue  # no read of the device this step
-        if not shrink or bool(ended.any()):
+        if bool(ended.any()):
             if bool(ended.all()):
                 break
-            if not shrink:
-                continue
             going = (~ended).nonzero()[:, 0]
             cache.reorder(going)
             rows, limit, token, ended = rows[going], limit[going], token[going], ended[going]
             forced = forced[going] if forced is not None else None
-    results = []
-    for tokens, n, s in zip(out.tolist(), length.tolist(), score.tolist(), strict=True):
-        tokens = tokens[:n]
-        if tokens and tokens[-1] == eos_id:
-            tokens = tokens[:-1]
-        results.append([Hypothesis(tokens, s / length_penalty(n, alpha))])
-    return results
+    return one_each(out, length, score, eos_id, alpha)
 
 
 def _beam(
@@ -384,7 +351,7 @@ def _beam(
     for step in range(max(max_lens)):
         n = len(sentences)
         first_row = torch.arange(n, device=device)[:, None] * k
-        logprobs = _next_logprobs(decode(tokens[:, -1:]), forced, step)  # (n*k, V)
+        logprobs = next_logprobs(decode(tokens[:, -1:]), forced, step)  # (n*k, V)
         V = logprobs.size(-1)
         candidates = (scores.view(-1, 1) + logprobs).view(n, k * V)
         top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (n, 2k), best first
@@ -432,106 +399,3 @@ def _beam(
         scores, tokens = scores[group], tokens[kept_rows]
         forced = forced[kept_rows] if forced is not None else None
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
-
-
-def _beam_static(
-    model: Transformer,
-    decode: Step,
-    cache: StaticKVCache,
-    max_lens: list[int],
-    k: int,
-    nbest: int,
-    alpha: float,
-    forced: Tensor | None = None,
-) -> list[list[Hypothesis]]:
-    """`_beam` on a `StaticKVCache` of ``B * k`` rows (sentence ``b``'s beams are rows ``b * k
-    .. b * k + k - 1`` to the end): the same hypotheses, collected on the device. A finished
-    sentence's rows go on decoding, ignored; the device is read every `SHRINK_EVERY` steps
-    (has every sentence finished?) and once at the end."""
-    B, steps, device = len(max_lens), max(max_lens), cache.position.device
-    bos_id, eos_id = model.config.bos_id, model.config.eos_id
-    first_row = torch.arange(B, device=device)[:, None] * k
-    limit, shortest = torch.tensor(max_lens, device=device), min(max_lens)
-    history = torch.full((B * k, steps + 1), bos_id, dtype=torch.long, device=device)
-    token = history[:, :1]
-    scores = torch.zeros(B, k, device=device)
-    scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
-    rank = torch.arange(2 * k, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    finished = _Finished(B, 2 * k, steps, device)  # up to k - 1 by EOS, then k at the limit
-    for step in range(steps):
-        logprobs = _next_logprobs(decode(token), forced, step)  # (B*k, V)
-        V = logprobs.size(-1)
-        candidates = (scores.view(-1, 1) + logprobs).view(B, k * V)
-        top_scores, top_index = candidates.topk(2 * k, dim=-1)  # (B, 2k), best first
-        top_beam, top_token = top_index // V, top_index % V
-        is_eos = top_token == eos_id
-        # EOS among the k best candidates finishes a hypothesis, while its sentence has room
-        hits = is_eos[:, :k] & torch.isfinite(top_scores[:, :k]) & ~done[:, None]
-        ended = history[first_row + top_beam[:, :k], 1:]  # (B, k, steps): the tokens before EOS
-        finished.add(hits, top_scores[:, :k], ended, step, step, room=k)
-        keep = (is_eos.long() * (2 * k) + rank).argsort(dim=-1)[:, :k]
-        scores = top_scores.gather(1, keep)
-        rows = (first_row + top_beam.gather(1, keep)).view(-1)
-        history = history.index_select(0, rows)
-        history[:, step + 1] = top_token.gather(1, keep).view(-1)
-        done = done | (finished.count >= k)
-        if step + 1 >= shortest:  # the length limit: a sentence with room left finishes with
-            at_limit = ~done & (step + 1 >= limit)  # its alive beams
-            alive = at_limit[:, None] & (scores != float("-inf"))
-            tokens = history[:, 1:].view(B, k, steps)
-            finished.add(alive, scores, tokens, step + 1, step, room=2 * k)
-            done = done | at_limit
-        cache.reorder(rows, cross=False)
-        token = history[:, step + 1 : step + 2]
-        if (step + 1) % SHRINK_EVERY == 0 and bool(done.all()):
-            break
-    return finished.hypotheses(nbest, alpha)
-
-
-class _Finished:
-    """Beam search's finished hypotheses of ``B`` sentences on the device, ``slots`` each, in
-    the order found: raw score, tokens and length, and the step whose penalty divides the
-    score (``length_penalty(step + 1)``, as `_beam`)."""
-
-    def __init__(self, B: int, slots: int, steps: int, device: torch.device) -> None:
-        self.count = torch.zeros(B, dtype=torch.long, device=device)
-        self.slots = slots  # one more column, `slots`, takes the writes of rows that add nothing
-        self.score = torch.zeros(B, slots + 1, device=device)
-        self.length = torch.zeros(B, slots + 1, dtype=torch.long, device=device)
-        self.step = torch.zeros(B, slots + 1, dtype=torch.long, device=device)
-        self.tokens = torch.zeros(B, slots + 1, steps, dtype=torch.long, device=device)
-
-    def add(
-        self, take: Tensor, score: Tensor, tokens: Tensor, length: int, step: int, room: int
-    ) -> None:
-        """Add, in column order, the hypotheses where ``take (B, n)``: raw ``score (B, n)``,
-        ``tokens (B, n, steps)`` of which the first ``length`` count, found at ``step``, while
-        their sentence holds fewer than ``room``."""
-        slot = self.count[:, None] + take.long().cumsum(dim=1) - 1
-        take = take & (slot < room)
-        slot = torch.where(take, slot, self.slots)
-        self.score.scatter_(1, slot, score)
-        self.length.scatter_(1, slot, torch.full_like(slot, length))
-        self.step.scatter_(1, slot, torch.full_like(slot, step))
-        self.tokens.scatter_(1, slot[..., None].expand_as(tokens), tokens)
-        self.count += take.sum(dim=1)
-
-    def hypotheses(self, nbest: int, alpha: float) -> list[list[Hypothesis]]:
-        """Per sentence its ``nbest`` best, as `_beam` sorts them (stable, best first)."""
-        results = []
-        rows = zip(
-            self.count.tolist(),
-            self.score.tolist(),
-            self.length.tolist(),
-            self.step.tolist(),
-            self.tokens.tolist(),
-            strict=True,
-        )
-        for count, scores, lengths, steps, tokens in rows:
-            hyps = [
-                Hypothesis(tokens[j][: lengths[j]], scores[j] / length_penalty(steps[j] + 1, alpha))
-                for j in range(count)
-            ]
-            results.append(sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest])
-        return results
