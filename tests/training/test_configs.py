@@ -396,3 +396,21 @@ def test_the_supported_strategies_pass(overrides, tmp_path):
     from aiayn.training.run import validate
 
     validate(compose_train(overrides, output_dir=tmp_path))
+
+
+def test_a_validation_interval_beyond_an_epoch_is_one_line_before_fitting(tmp_path):
+    """An integer `trainer.val_check_interval` counts the batches of an epoch unless
+    `trainer.check_val_every_n_epoch=null`: one beyond the epoch's batches is refused with
+    the number there is, before any update (Lightning raised it as a traceback); with
+    `check_val_every_n_epoch=null` the same interval counts across epochs and trains."""
+    from aiayn.training.run import run
+
+    base = ["model=tiny", "data.toy.train_size=300", "data.toy.val_size=20", "test=false"]
+    base += ["trainer.max_steps=3", "trainer.max_epochs=-1", "data.max_tokens=1024"]
+    cfg = compose_train([*base, "trainer.val_check_interval=500"], output_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"^trainer\.val_check_interval=500 is more than the \d+"):
+        run(cfg)
+    assert not list((tmp_path / "a").rglob("*.ckpt"))
+    across = ["trainer.val_check_interval=500", "trainer.check_val_every_n_epoch=null"]
+    metrics = run(compose_train([*base, *across], output_dir=tmp_path / "b"))
+    assert metrics["updates"] == 3

@@ -102,6 +102,11 @@ class TranslationDataModule(L.LightningDataModule):
             plan, shuffle=role == "train", seed=self.seed, rank=rank, world_size=world_size
         )
 
+    def train_batches(self, world_size: int) -> int:
+        """Training batches each of `world_size` ranks takes in an epoch (the same on every
+        rank and in every epoch)."""
+        return len(self._sampler("train", 0, world_size))
+
     def _train_batch_sampler(self) -> TokenBatchSampler:
         rank, world_size = self._rank_world()
         sampler = self._train_sampler

@@ -252,6 +252,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         _log_run_info(trainer, cfg, summary, module.model_config, datamodule, output_dir)
         metrics: dict[str, Any] = {}
         if config.train:
+            _check_validation_interval(trainer, datamodule)
             if resumed_step is not None:  # every check passed: the run's history continues
                 _continue_history(trainer, resumed_step)
             with _ends_in_one_line(trainer, output_dir, "training"):
@@ -542,6 +543,29 @@ def _ends_in_one_line(trainer: L.Trainer, output_dir: Path, stage: str) -> Itera
         if trainer.world_size == 1 or seen is None or watch is None:
             raise
         raise watch.error(seen) from None
+
+
+def _check_validation_interval(trainer: L.Trainer, datamodule: TranslationDataModule) -> None:
+    """ConfigError, before fitting, for an integer `trainer.val_check_interval` beyond the
+    batches an epoch holds while `trainer.check_val_every_n_epoch` counts epochs: Lightning
+    raised it as a traceback once fitting began."""
+    interval = trainer.val_check_interval
+    if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None:
+        return
+    batches = datamodule.train_batches(trainer.world_size)
+    limit = trainer.limit_train_batches
+    if isinstance(limit, int):
+        batches = min(batches, limit)
+    elif limit is not None:
+        batches = int(batches * limit)
+    if interval > batches:
+        ranks = f" on each of its {trainer.world_size} ranks" if trainer.world_size > 1 else ""
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is more than the {batches} training batches "
+            f"of an epoch{ranks}: give at most {batches}, a fraction of an epoch "
+            "(trainer.val_check_interval=0.5), or trainer.check_val_every_n_epoch=null to count "
+            "batches across epochs"
+        )
 
 
 def _stop_signal(trainer: L.Trainer, stop: SystemExit) -> str | None:
