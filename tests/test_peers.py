@@ -255,15 +255,50 @@ def test_common_sh_gives_every_process_one_allocator_setting(setting, mapped, tm
     assert told_aiayn == ("0" if setting == "default" else "")
 
 
-def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(capsys, monkeypatch):
-    """experiments/peers.md quotes `python benchmarks/peers/table.py
-    experiments/peers/*/result.json` (the README's command) exactly."""
-    paths = sorted(str(p) for p in (REPO / "experiments" / "peers").glob("*/result.json"))
+RECORDS = REPO / "experiments" / "peers"
+SAME_PIPELINE = RECORDS / "same_pipeline"  # the runs of issue 52's harness
+
+
+@pytest.mark.parametrize("records", [RECORDS, SAME_PIPELINE], ids=["first", "same_pipeline"])
+def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(
+    records, capsys, monkeypatch
+):
+    """experiments/peers.md quotes `python benchmarks/peers/table.py <records>/*/result.json`
+    (the commands it names) exactly, for the first runs and those of one pipeline."""
+    paths = sorted(str(p) for p in records.glob("*/result.json"))
     assert len(paths) >= 2
     monkeypatch.setattr(sys, "argv", ["table.py", *paths])
     _module("table").main()
     printed = capsys.readouterr().out.strip()
     assert printed in (REPO / "experiments" / "peers.md").read_text()
+
+
+@pytest.mark.slow  # per run: every hypothesis file rescored
+@pytest.mark.parametrize(
+    "result_path", sorted(SAME_PIPELINE.glob("*/result.json")), ids=lambda p: p.parent.name
+)
+def test_a_recorded_run_chose_alpha_on_its_committed_val_hypotheses(result_path, multi30k_root):
+    """Each run's hypotheses are committed (val ones gzipped): rescored by the one scorer,
+    every val file gives its line of val_alphas.tsv, the α result.json names for each
+    checkpoint is the best of them, and its test2016 file gives the test BLEU recorded."""
+    text, run = _module("text"), result_path.parent
+    result = json.loads(result_path.read_text())
+    pieces = result["framework"] != "aiayn"  # aiayn's evaluate.py writes plain text
+
+    def bleu(name: str, split: str) -> float:
+        ref = multi30k_root / f"{split}.de"
+        return text.score(run / name, ref, "de", pieces)["bleu_tok"]
+
+    tried: dict[str, dict[float, float]] = {}
+    for line in (run / "val_alphas.tsv").read_text().splitlines():
+        name, alpha, recorded = line.split("\t")
+        assert bleu(f"hyp.{name}.val.{alpha}.gz", "val") == pytest.approx(float(recorded))
+        tried.setdefault(name, {})[float(alpha)] = float(recorded)
+    assert set(tried) == set(result["scores"])
+    for name, scored in result["scores"].items():
+        assert scored["alpha"] == max(tried[name], key=tried[name].get)
+        assert scored["val_bleu_tok"] == pytest.approx(tried[name][scored["alpha"]])
+        assert bleu(f"hyp.{name}.test2016", "test2016") == pytest.approx(scored["test_bleu_tok"])
 
 
 FAKE_TRANSLATE = """#!/usr/bin/env bash

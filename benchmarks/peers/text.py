@@ -17,6 +17,7 @@ references; `--pieces` first joins a framework's subword output back into text.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 from pathlib import Path
@@ -70,7 +71,8 @@ def join_pieces(line: str) -> str:
 def score(hyp: Path, ref: Path, lang: str, pieces: bool) -> dict:
     from aiayn.inference.evaluation import score as bleu
 
-    hypotheses = hyp.read_text(encoding="utf-8").splitlines()
+    raw = hyp.read_bytes()  # a recorded val hypothesis file is gzipped (experiments/peers)
+    hypotheses = (gzip.decompress(raw) if hyp.suffix == ".gz" else raw).decode().splitlines()
     if pieces:
         hypotheses = [join_pieces(line) for line in hypotheses]
     references = ref.read_text(encoding="utf-8").splitlines()

@@ -146,27 +146,41 @@ def check_override_keys(overrides: list[str], schema: type, groups: set[str]) ->
                 raise ConfigError(f"{key}: no such key{hint or ''} (`--cfg job` shows the keys)")
             node = fields[part]
         else:  # every part is a field: `node` is the key's type
-            _check_number(key, value, node)
+            _check_literal(key, value, node)
 
 
 NUMBERS = {int: "an integer", float: "a number"}
+# what OmegaConf reads as a bool, besides any integer (0 is false), in any case
+BOOLEANS = ("true", "false", "yes", "no", "on", "off", "y", "n")
 # a value Hydra reads as something else than one literal: a sweep, a function, an
 # interpolation, a list or mapping, quoted text, null
 NOT_A_LITERAL = re.compile(r"[,()$\[\]{}'\"]|^null$")
 
 
-def _check_number(key: str, value: str, annotation: Any) -> None:
-    """Refuse a literal that is not the int or float `annotation` (through Optional) asks
-    for, in one line (Hydra's own message spans five)."""
+def _check_literal(key: str, value: str, annotation: Any) -> None:
+    """Refuse a literal that is not the int, float or bool `annotation` (through Optional)
+    asks for, in one line (Hydra's own message spans five)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         annotation = args[0]
-    if annotation not in NUMBERS or NOT_A_LITERAL.search(value):
+    if annotation not in (*NUMBERS, bool) or NOT_A_LITERAL.search(value):
+        return
+    if annotation is bool:
+        if value.strip().lower() not in BOOLEANS and not _is_int(value):
+            raise ConfigError(f"{key}={value}: {key} takes true or false")
         return
     try:
         int(value) if annotation is int else float(value)
     except ValueError:
         raise ConfigError(f"{key}={value}: {key} takes {NUMBERS[annotation]}") from None
+
+
+def _is_int(value: str) -> bool:
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _fields_of(node: Any) -> dict[str, Any] | None:

@@ -599,6 +599,16 @@ def test_a_stalled_download_fails_in_bounded_time_naming_the_url(tmp_path, monke
         ("train", "model.d_model=1.5", "model.d_model=1.5: model.d_model takes an integer"),
         ("train", "model.dropout=x", "model.dropout=x: model.dropout takes a number"),
         ("evaluate", "decode.beam_size=four", "decode.beam_size=four: decode.beam_size takes an"),
+        (
+            "train",
+            "model.embedding_norm=maybe",
+            "model.embedding_norm=maybe: model.embedding_norm takes true or false",
+        ),
+        (
+            "train",
+            "model.final_norm=0.5",
+            "model.final_norm=0.5: model.final_norm takes true or false",
+        ),
     ],
 )
 def test_a_mistyped_key_on_the_command_line_is_one_line_with_the_closest(
@@ -616,6 +626,24 @@ def test_a_mistyped_key_on_the_command_line_is_one_line_with_the_closest(
     err = capsys.readouterr().err.strip()
     assert err == f"error: {words}" or err.startswith(f"error: {words}"), err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["true", "False", "YES", "off", "y", "0", "1", "-2"])
+def test_every_value_omegaconf_reads_as_a_bool_passes_the_one_line_check(value):
+    """The check refuses only what OmegaConf would: the values it reads as a bool, from the
+    command line as Hydra parses it, pass, and the config then holds that bool."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from aiayn.config import TrainConfig
+    from aiayn.model.config import ModelConfig
+    from aiayn.schema import check_override_keys
+
+    check_override_keys([f"model.embedding_norm={value}"], TrainConfig, set())
+    parsed = OverridesParser.create().parse_override(f"embedding_norm={value}").value()
+    model = OmegaConf.structured(ModelConfig)
+    model.embedding_norm = parsed
+    assert model.embedding_norm is (value.lower() in ("true", "yes", "y", "1", "-2"))
 
 
 def _delete(path: Path) -> None:
