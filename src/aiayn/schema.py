@@ -166,18 +166,16 @@ def _check_literal(key: str, value: str, annotation: Any) -> None:
     if annotation not in (*NUMBERS, bool) or NOT_A_LITERAL.search(value):
         return
     if annotation is bool:
-        if value.strip().lower() not in BOOLEANS and not _is_int(value):
+        if value.strip().lower() not in BOOLEANS and not _reads_as(int, value):
             raise ConfigError(f"{key}={value}: {key} takes true or false")
-        return
-    try:
-        int(value) if annotation is int else float(value)
-    except ValueError:
-        raise ConfigError(f"{key}={value}: {key} takes {NUMBERS[annotation]}") from None
+    elif not _reads_as(annotation, value):
+        raise ConfigError(f"{key}={value}: {key} takes {NUMBERS[annotation]}")
 
 
-def _is_int(value: str) -> bool:
+def _reads_as(kind: type, value: str) -> bool:
+    """Whether `kind(value)` (int or float) reads the literal."""
     try:
-        int(value)
+        kind(value)
     except ValueError:
         return False
     return True
