@@ -163,7 +163,8 @@ def _result(framework, test, smoke=False):
 def test_the_peer_table_has_a_row_per_system_with_the_mean_and_range_of_its_runs(tmp_path):
     """Runs of one system, setting and checkpoint make one row: each figure the mean, with
     the range where runs differ; a result scoring two checkpoints makes a row for each; best
-    mean test BLEU first; a smoke test is refused."""
+    mean test BLEU first; a stage timed per checkpoint counts in that checkpoint's row; a
+    smoke test is refused."""
     table = _module("table")
     runs = [_result("eole", 33.0), _result("fairseq", 36.25), _result("fairseq", 36.75)]
     runs[2] |= {"updates": 3512, "target_tokens_per_sec_whole": 1700.0, "peak_rss_mib": 1533}
@@ -174,6 +175,9 @@ def test_the_peer_table_has_a_row_per_system_with_the_mean_and_range_of_its_runs
         "averaged": {"alpha": 1.5, "val_bleu_tok": 36.0, "test_bleu_tok": 38.0},
         "last": {"alpha": 2.0, "val_bleu_tok": 35.5, "test_bleu_tok": 37.5},
     }
+    aiayn["stages_s"] = {"text": 6, "train": 3300}  # decoding timed per checkpoint
+    for name, alpha_s, test_s in [("averaged", 120, 18), ("last", 180, 12)]:
+        aiayn["stages_s"] |= {f"choose_alpha_on_val.{name}": alpha_s, f"test.{name}": test_s}
     paths = []
     for i, result in enumerate([*runs, aiayn]):
         paths.append(tmp_path / f"{i}.json")
@@ -183,6 +187,9 @@ def test_the_peer_table_has_a_row_per_system_with_the_mean_and_range_of_its_runs
     assert lines[2].startswith("| aiayn 0.6.4 | same model and recipe | averaged | 1 |")
     assert lines[3].startswith("| aiayn 0.6.4 | same model and recipe | last | 1 |")
     assert " | 2 | 35.50 | 37.50 |" in lines[3]
+    # each checkpoint's row times its own alpha search and test decode, not both rows'
+    assert "| 0.1 / – / 55.0 / – / 2.0 / 0.3 |" in lines[2]
+    assert "| 0.1 / – / 55.0 / – / 3.0 / 0.2 |" in lines[3]
     assert lines[4] == (
         "| fairseq 0.6.4 | same model and recipe | last | 2 | 3,462 (3,412–3,512) "
         "| 1,650 (1,600–1,700) | 1,815 | 1,533 | 1 | 35.12 | 36.50 (36.25–36.75) "

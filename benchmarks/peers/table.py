@@ -8,8 +8,9 @@ several. Columns: framework and version, setting, the checkpoint decoded (`avera
 5 an epoch apart; `last`), runs, updates, target tokens/s over the whole training command (the
 one clock) and as the framework logs it, peak RSS of training, the length setting chosen on
 val, val and test2016 tokenized BLEU, aiayn's test2016 BLEU from its last checkpoint too, wall
-clock by stage (minutes), and the machines' fp32 matmul peaks measured with the runs. A
-smoke-test result (SMOKE=1) is refused: it checks a script, not a number.
+clock by stage (minutes; decoding a checkpoint counts in its own row), and the machines' fp32
+matmul peaks measured with the runs. A smoke-test result (SMOKE=1) is refused: it checks a
+script, not a number.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SAME = "same model and recipe"  # setting 1; every other setting names a peer's own recipe
-# stage -> the stages.tsv names it sums (scoring each checkpoint adds its own)
+# stage -> the stages.tsv names it sums (scoring a checkpoint adds `<name>.<checkpoint>`)
 STAGES = {
     "text": ("text",),
     "prepare": ("prepare",),
@@ -53,8 +54,13 @@ def cell(values: list[float | None], form: Callable[[float], str]) -> str:
 
 
 def stage_seconds(result: dict, stage: str) -> float | None:
-    names = STAGES[stage]
-    found = [s for k, s in result["stages_s"].items() if k.split(".")[0] in names]
+    """Seconds of `stage` in one result's row: a stage done per checkpoint
+    (`choose_alpha_on_val.last`) counts in that checkpoint's row only."""
+    found = []
+    for name, seconds in result["stages_s"].items():
+        stage_name, _, scored = name.partition(".")
+        if stage_name in STAGES[stage] and scored in ("", checkpoint(result)):
+            found.append(seconds)
     return sum(found) if found else None
 
 
