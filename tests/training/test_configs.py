@@ -285,6 +285,40 @@ def test_bf16_on_a_cpu_without_native_bf16_is_warned_before_any_work(tmp_path, c
     assert "bfloat16" not in caplog.text
 
 
+def test_a_gpu_recipe_on_a_cpu_is_refused_or_warned_in_one_line(tmp_path, caplog, monkeypatch):
+    """experiment=multi30k_gpu (trainer=gpu) where torch sees no GPU: refused before any
+    work, naming the CPU recipe; run on the CPU by choice (trainer=cpu): one warning line naming
+    it. A GPU recipe without a CPU counterpart (paper_base) is refused naming trainer=cpu."""
+    import logging
+
+    import torch
+
+    from aiayn.training.run import run, validate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without
+    cache = tmp_path / "cache"
+    data = ["data.root=/nonexistent", f"data.cache_dir={cache}"]
+    refused = r"trainer\.accelerator=gpu, but torch .* sees no GPU on this machine: use "
+    with pytest.raises(ConfigError, match=refused + r"experiment=multi30k_cpu, the recipe sized"):
+        run(compose_train(["experiment=multi30k_gpu", *data], tmp_path))
+    assert not cache.exists()
+    with pytest.raises(ConfigError, match=refused + r"trainer=cpu to run it on this CPU$"):
+        validate(compose_train(["experiment=paper_base", *data], tmp_path))
+    for experiment, warned in (
+        ("multi30k_gpu", True),
+        ("multi30k_tiny", True),
+        ("multi30k_cpu", False),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            validate(compose_train([f"experiment={experiment}", "trainer=cpu", *data], tmp_path))
+        lines = [r.getMessage() for r in caplog.records if "sized for a GPU" in r.getMessage()]
+        assert len(lines) == int(warned), (experiment, caplog.text)
+        assert all("\n" not in line and "experiment=multi30k_cpu" in line for line in lines)
+    with pytest.raises(ConfigError, match=r"cpu_recipe=multi30k_cpx: there is no conf/experiment"):
+        validate(compose_train(["trainer=cpu", "cpu_recipe=multi30k_cpx", *data], tmp_path))
+
+
 def test_only_training_continues_in_the_run_directory_of_its_checkpoint(tmp_path):
     from aiayn.config import resume_run_dir
 

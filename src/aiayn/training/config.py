@@ -68,6 +68,9 @@ class TrainConfig:
     # several processes: a rank not heard from for this long ends the run with one line naming
     # it (aiayn.callbacks.PeerWatch; NCCL itself would wait for its 30-minute timeout)
     peer_silence_s: float = 30.0
+    # a recipe sized for a GPU names the experiment to use on a CPU instead (multi30k_gpu:
+    # multi30k_cpu): run on a CPU, it is refused, or with trainer=cpu warned, in one line
+    cpu_recipe: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
         if self.model.share_embeddings == "all" and not self.data.tokenizer.joint:

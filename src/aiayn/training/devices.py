@@ -82,6 +82,29 @@ def check(trainer: dict[str, Any], arch: str) -> None:
     )
 
 
+def check_accelerator(trainer: dict[str, Any], cpu_recipe: str | None = None) -> None:
+    """Refuse before any work a GPU accelerator on a machine where torch sees no GPU (CUDA;
+    for `gpu`, Apple's MPS too; Lightning would stop later, in its own trace), naming
+    `cpu_recipe` where the recipe has one; warn in one line when a recipe sized for a GPU is
+    run on the CPU by choice."""
+    accelerator = str(trainer.get("accelerator", "auto"))
+    mps = accelerator == "gpu" and torch.backends.mps.is_available()
+    if accelerator in ("gpu", "cuda") and not (torch.cuda.is_available() or mps):
+        instead = "trainer=cpu to run it on this CPU"
+        if cpu_recipe:
+            instead = f"experiment={cpu_recipe}, the recipe sized for a CPU (or {instead})"
+        raise ConfigError(
+            f"trainer.accelerator={accelerator}, but torch {torch.__version__} sees no GPU on "
+            f"this machine: use {instead}"
+        )
+    if cpu_recipe and on_cpu(trainer):
+        log.warning(
+            "this recipe is sized for a GPU (minutes there, hours on a CPU): on a CPU, "
+            "experiment=%s is the recipe sized for it",
+            cpu_recipe,
+        )
+
+
 # trainer.strategy values that train, resume, average, evaluate and export end to end; the
 # sharded one is trainer=fsdp (Lightning's ModelParallelStrategy: FSDP2, whole checkpoints)
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true")

@@ -41,7 +41,7 @@ from aiayn.callbacks import (
 )
 from aiayn.callbacks.peers import peer_gone
 from aiayn.callbacks.throughput import peak_rss_mib
-from aiayn.config import process_count
+from aiayn.config import CONF_DIR, process_count
 from aiayn.console import closing_summary, set_progress, tidy_library_output
 from aiayn.data.datamodule import TranslationDataModule
 from aiayn.data.sampler import mid_epoch_world_size
@@ -87,6 +87,10 @@ def validate(cfg: DictConfig) -> TrainConfig:
     with open_dict(cfg):  # the run config (loggers, W&B) records what was resolved
         cfg.trainer.precision, cfg.kernels = trainer["precision"], config.kernels
         cfg.compile = config.compile
+    recipe = config.cpu_recipe
+    if recipe and not (CONF_DIR / "experiment" / f"{recipe}.yaml").is_file():
+        raise ConfigError(f"cpu_recipe={recipe}: there is no conf/experiment/{recipe}.yaml")
+    devices.check_accelerator(trainer, recipe)
     devices.check(trainer, config.model.arch)
     devices.check_strategy(trainer)
     _check_multirun_launch(trainer)
