@@ -11,7 +11,11 @@
 # Dry run on a CPU: DEVICE=cpu TRAINER="trainer=cpu" DRY=1 ONLY="0 6" bash ...search1.sh
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true MULTI30K_ROOT=$PWD/.gpu/multi30k
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-OUT=${OUT:-/tmp/gpu_out}; mkdir -p $OUT; LOGS=${LOGS:-/tmp/search1}; rm -rf $LOGS; mkdir -p $LOGS
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p $OUT; LOGS=${LOGS:-/tmp/search1}
+if [ -e "$LOGS" ] && [ ! -e "$LOGS/.search1" ]; then  # scratch space: never someone's run
+  echo "LOGS=$LOGS exists and is not an earlier search1 scratch directory; choose another" >&2; exit 2
+fi
+rm -rf $LOGS; mkdir -p $LOGS; touch $LOGS/.search1
 DEVICE=${DEVICE:-cuda}; TRAINER=${TRAINER:-}
 if [ "$DEVICE" = cuda ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl 2>&1 | tail -3
