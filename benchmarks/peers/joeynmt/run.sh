@@ -11,14 +11,19 @@ PEER_WORK=${PEER_WORK:-/tmp/peer_joeynmt}
 source "$(dirname "$0")/../common.sh"
 JOEY=$PEERS_DIR/joeynmt/venv/bin/python
 SETTING=${SETTING:-same}
-case "$SETTING" in  # the config, its validation interval (updates), the name
-  same) YAML=same_model.yaml VALID=454 NAME="same model and recipe" ;;
-  own) YAML=own_recipe.yaml VALID=1000 NAME="JoeyNMT's IWSLT14 recipe" ;;
+# the config, its validation interval and its logging interval (updates; JoeyNMT refuses a
+# validation interval that the logging interval does not divide), the name
+case "$SETTING" in
+  same) YAML=same_model.yaml VALID=454 REPORT=2 NAME="same model and recipe" ;;  # 454 = 2 x 227
+  own) YAML=own_recipe.yaml VALID=1000 REPORT=50 NAME="JoeyNMT's IWSLT14 recipe" ;;
   *) echo "SETTING is same or own, not $SETTING" >&2; exit 2 ;;
 esac
 [ "$SETTING" = same ] || CHECKPOINTS=last  # setting 2 decodes its last checkpoint
 if [ "$SMOKE" = 1 ]; then UPDATES=20 VALID=20 REPORT=5 MAXLEN=10; else
-  UPDATES=1000000 REPORT=50 MAXLEN=250; fi
+  UPDATES=1000000 MAXLEN=250; fi
+if [ $((VALID % REPORT)) != 0 ]; then
+  echo "validation every $VALID updates is not a multiple of logging every $REPORT" >&2; exit 2
+fi
 
 version() { dist_version "$JOEY" joeynmt; }
 
