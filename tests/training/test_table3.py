@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from aiayn.cli import table3
 from aiayn.cli.sweeps import main
@@ -93,7 +95,8 @@ def test_paper_numbers_are_table_3(tmp_path):
     assert table3.PAPER["C_dmodel_double"] == (4.66, 26.0)
     assert table3.PAPER["D_ls2"] == (5.47, 25.7)
     assert table3.PAPER["E_learned"] == (4.92, 25.7)
-    assert len(table3.PAPER) == 19
+    assert table3.PAPER["big"] == (4.33, 26.4)
+    assert len(table3.PAPER) == 20
 
 
 def test_a_rows_seed_ablation_is_a_seed_of_that_row(tmp_path):
@@ -151,3 +154,22 @@ def test_jobs_are_read_in_launch_order(tmp_path):
 
     files = [tmp_path / name / ".hydra" / "overrides.yaml" for name in ("10", "2", "1", "x")]
     assert [f.parent.parent.name for f in sorted(files, key=_job_order)] == ["1", "2", "10", "x"]
+
+
+def test_the_gpu_script_s_two_parts_make_up_the_converged_grid():
+    """sweep=table3_converged is every conf/ablation/ row; experiments/table3_converged/run4.sh
+    runs it as two launches on one GPU (table3_core, then the other rows by name), which
+    together are the grid, each row once."""
+    repo = Path(__file__).resolve().parents[2]
+    rows = {}
+    for sweep in ("table3_converged", "table3_core"):
+        text = (repo / "conf" / "sweep" / f"{sweep}.yaml").read_text()
+        rows[sweep] = yaml.safe_load(text)["hydra"]["sweeper"]["params"]["ablation"].split(",")
+    script = (repo / "experiments" / "table3_converged" / "run4.sh").read_text()
+    (part2,) = re.findall(r'^  2\) GRID="ablation=([\w,]+)"', script, flags=re.M)
+    assert 'GRID="sweep=table3_core"' in script
+    both = rows["table3_core"] + part2.split(",")
+    assert sorted(both) == sorted(rows["table3_converged"])
+    assert len(set(both)) == len(both)
+    available = {p.stem for p in (repo / "conf" / "ablation").glob("*.yaml")}
+    assert set(both) == available  # every row conf/ablation/ holds, big and the seeds included
