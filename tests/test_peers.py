@@ -308,6 +308,70 @@ def test_a_recorded_run_chose_alpha_on_its_committed_val_hypotheses(result_path,
         assert bleu(f"hyp.{name}.test2016", "test2016") == pytest.approx(scored["test_bleu_tok"])
 
 
+def _fake_run(directory: Path, framework: str, lines: list[str]) -> Path:
+    """A run's record as the harness leaves it: result.json and the averaged checkpoint's
+    test2016 hypotheses (pieces, but plain text for aiayn)."""
+    directory.mkdir(parents=True)
+    (directory / "result.json").write_text(json.dumps({"framework": framework}))
+    if framework != "aiayn":
+        lines = [" ".join(f"▁{word}" for word in line.split()) for line in lines]
+    (directory / "hyp.averaged.test2016").write_text("\n".join(lines) + "\n")
+    return directory / "result.json"
+
+
+def test_significance_tells_a_clear_lead_from_a_tie(tmp_path, monkeypatch, capsys):
+    """benchmarks/peers/significance.py on made-up runs over 300 references: a run that is
+    the references is ahead of the baseline's two runs with a small p-value, and a run equal
+    to one baseline run is 0.00 from it and not significantly different."""
+    words = ["mann", "frau", "hund", "kind", "ball", "straße", "wasser", "haus", "auto", "baum"]
+    references = [
+        f"ein {words[i % 10]} und {words[i // 10 % 10]} sehen {i} an ." for i in range(300)
+    ]
+    (tmp_path / "test2016.de").write_text("\n".join(references) + "\n")
+    monkeypatch.setenv("MULTI30K_ROOT", str(tmp_path))
+    weak = [r if i % 2 else r.replace(" und ", " oder ") for i, r in enumerate(references)]
+    weaker = [r if i % 3 else r.replace(" sehen ", " gehen ") for i, r in enumerate(weak)]
+    paths = [
+        _fake_run(tmp_path / "aiayn_1", "aiayn", weak),
+        _fake_run(tmp_path / "aiayn_2", "aiayn", weaker),
+        _fake_run(tmp_path / "sockeye_1", "sockeye", references),
+        _fake_run(tmp_path / "fairseq_1", "fairseq", weak),
+    ]
+    monkeypatch.setattr(sys, "argv", ["significance.py", *map(str, paths)])
+    monkeypatch.syspath_prepend(str(PEERS))
+    _module("significance").main()
+    rows = {}
+    for line in capsys.readouterr().out.splitlines()[2:]:
+        name, score, interval, *against = (c.strip() for c in line.strip("|").split("|"))
+        rows[name] = (float(score), interval, against)
+    assert list(rows) == ["aiayn_1", "aiayn_2", "sockeye_1", "fairseq_1"]
+    assert rows["sockeye_1"][0] == pytest.approx(100.0)
+    low, high = map(float, rows["aiayn_1"][1].split("–"))
+    assert low < rows["aiayn_1"][0] < high < 100
+    for cell in rows["sockeye_1"][2]:  # ahead of both baseline runs, beyond the noise
+        delta, p = cell.split()
+        assert float(delta) > 0 and float(p.strip("()")) < 0.01
+    delta, p = rows["fairseq_1"][2][0].split()  # the same hypotheses as aiayn_1
+    assert float(delta) == 0 and float(p.strip("()")) > 0.5
+    assert rows["aiayn_1"][2][0] == "–" and rows["aiayn_2"][2][1] == "–"
+
+
+@pytest.mark.slow  # every recorded run's test2016 hypotheses tokenised and resampled
+def test_the_recorded_significance_table_is_what_significance_py_prints(
+    multi30k_root, monkeypatch, capsys
+):
+    """experiments/peers.md quotes `python benchmarks/peers/significance.py` over the runs of
+    one pipeline exactly."""
+    monkeypatch.setenv("MULTI30K_ROOT", str(multi30k_root))
+    paths = sorted(str(p) for p in SAME_PIPELINE.glob("*/result.json"))
+    monkeypatch.setattr(sys, "argv", ["significance.py", *paths])
+    monkeypatch.syspath_prepend(str(PEERS))
+    _module("significance").main()
+    printed = capsys.readouterr().out.strip()
+    assert printed.count("\n") == len(paths) + 1
+    assert printed in (REPO / "experiments" / "peers.md").read_text()
+
+
 FAKE_TRANSLATE = """#!/usr/bin/env bash
 # sockeye-translate's stand-in: logs its arguments, writes its input as its output
 echo "$*" >> "$CALLS"

@@ -68,13 +68,18 @@ def join_pieces(line: str) -> str:
     return "".join(line.split()).replace("▁", " ").strip()
 
 
+def read_hypotheses(hyp: Path, pieces: bool) -> list[str]:
+    """A hypothesis file's lines as text: gunzipped (a recorded val hypothesis file is,
+    experiments/peers), and its subword pieces joined where `pieces`."""
+    raw = hyp.read_bytes()
+    lines = (gzip.decompress(raw) if hyp.suffix == ".gz" else raw).decode().splitlines()
+    return [join_pieces(line) for line in lines] if pieces else lines
+
+
 def score(hyp: Path, ref: Path, lang: str, pieces: bool) -> dict:
     from aiayn.inference.evaluation import score as bleu
 
-    raw = hyp.read_bytes()  # a recorded val hypothesis file is gzipped (experiments/peers)
-    hypotheses = (gzip.decompress(raw) if hyp.suffix == ".gz" else raw).decode().splitlines()
-    if pieces:
-        hypotheses = [join_pieces(line) for line in hypotheses]
+    hypotheses = read_hypotheses(hyp, pieces)
     references = ref.read_text(encoding="utf-8").splitlines()
     if len(hypotheses) != len(references):
         raise SystemExit(f"{hyp}: {len(hypotheses)} lines, {ref} has {len(references)}")
