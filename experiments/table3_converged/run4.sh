@@ -6,8 +6,10 @@
 #   PART=2: the other 14 rows of sweep=table3_converged (big among them), one -m command.
 # Each part is one `python train.py -m` through submitit's local launcher, its jobs at once on
 # the one GPU (fp32 with TF32 matmuls, as the 2 000-update record). A part stopped by its
-# guard is relaunched with `resume_sweep=<its dir>`: its finished jobs are kept; its
-# checkpoints do not come back from a device call, so its stopped jobs start again.
+# guard is relaunched with `resume_sweep=<its dir>` (the script adds it when $LOGS/part<N>
+# holds a multirun): its finished jobs are kept; checkpoints do not come back from a device
+# call, so its stopped jobs start again. On a fresh machine: unpack part<N>.tgz into a
+# git-ignored folder, `touch <folder>/.run4`, carry it and set LOGS=$PWD/<folder>.
 # Needs (carried, git-ignored): .whl (hydra-core, omegaconf, antlr4, sacremoses, submitit,
 # hydra-submitit-launcher), .gpu/multi30k. Output under $OUT: part<N>.log, part<N>.tgz (the
 # jobs' directories without checkpoints). The report, here on the CPU, from both parts:
