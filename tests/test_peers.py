@@ -321,8 +321,9 @@ def _fake_run(directory: Path, framework: str, lines: list[str]) -> Path:
 
 def test_significance_tells_a_clear_lead_from_a_tie(tmp_path, monkeypatch, capsys):
     """benchmarks/peers/significance.py on made-up runs over 300 references: a run that is
-    the references is ahead of the baseline's two runs with a small p-value, and a run equal
-    to one baseline run is 0.00 from it and not significantly different."""
+    the references is ahead of the baseline's two runs with a small p-value, and a run that
+    differs from one baseline run in 2 sentences is close to it and not significantly
+    different."""
     words = ["mann", "frau", "hund", "kind", "ball", "straße", "wasser", "haus", "auto", "baum"]
     references = [
         f"ein {words[i % 10]} und {words[i // 10 % 10]} sehen {i} an ." for i in range(300)
@@ -335,7 +336,7 @@ def test_significance_tells_a_clear_lead_from_a_tie(tmp_path, monkeypatch, capsy
         _fake_run(tmp_path / "aiayn_1", "aiayn", weak),
         _fake_run(tmp_path / "aiayn_2", "aiayn", weaker),
         _fake_run(tmp_path / "sockeye_1", "sockeye", references),
-        _fake_run(tmp_path / "fairseq_1", "fairseq", weak),
+        _fake_run(tmp_path / "fairseq_1", "fairseq", references[:2] + weak[2:]),
     ]
     monkeypatch.setattr(sys, "argv", ["significance.py", *map(str, paths)])
     monkeypatch.syspath_prepend(str(PEERS))
@@ -351,8 +352,8 @@ def test_significance_tells_a_clear_lead_from_a_tie(tmp_path, monkeypatch, capsy
     for cell in rows["sockeye_1"][2]:  # ahead of both baseline runs, beyond the noise
         delta, p = cell.split()
         assert float(delta) > 0 and float(p.strip("()")) < 0.01
-    delta, p = rows["fairseq_1"][2][0].split()  # the same hypotheses as aiayn_1
-    assert float(delta) == 0 and float(p.strip("()")) > 0.5
+    delta, p = rows["fairseq_1"][2][0].split()  # aiayn_1's hypotheses but 2 sentences
+    assert 0 < float(delta) < 1 and float(p.strip("()")) > 0.05
     assert rows["aiayn_1"][2][0] == "–" and rows["aiayn_2"][2][1] == "–"
 
 

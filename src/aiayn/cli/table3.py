@@ -67,7 +67,7 @@ PAPER: dict[str, tuple[float, float]] = {
     "D_ls0": (4.67, 25.3),
     "D_ls2": (5.47, 25.7),
     "E_learned": (4.92, 25.7),
-    "big": (4.33, 26.4),  # d_model, d_ff and heads doubled, dropout 0.3 (trained 3.5x longer)
+    "big": (4.33, 26.4),  # d_model, d_ff and heads doubled, dropout 0.3 (and trained longer)
 }
 COLUMNS = (
     "row",
