@@ -28,9 +28,8 @@ from aiayn.inference.evaluation import moses_tokenize
 SPLIT, LANG = "test2016", "de"
 
 
-def hypotheses(run: Path, checkpoint: str) -> list[str]:
+def hypotheses(run: Path, framework: str, checkpoint: str) -> list[str]:
     """The run's test2016 hypotheses of `checkpoint` as text (the peers write pieces)."""
-    framework = json.loads((run / "result.json").read_text())["framework"]
     path = run / f"hyp.{checkpoint}.{SPLIT}"
     if not path.is_file():
         raise SystemExit(f"{path}: no {checkpoint} hypotheses of {SPLIT} in this run")
@@ -48,7 +47,9 @@ def compare(runs: list[Path], baseline: str, checkpoint: str) -> str:
     if not bases:
         raise SystemExit(f"no run of the baseline {baseline!r} among the results given")
     references = moses_tokenize((root() / f"{SPLIT}.{LANG}").read_text().splitlines(), LANG)
-    tokenized = {run.name: moses_tokenize(hypotheses(run, checkpoint), LANG) for run in runs}
+    tokenized = {
+        run.name: moses_tokenize(hypotheses(run, frameworks[run], checkpoint), LANG) for run in runs
+    }
     for name, lines in tokenized.items():
         if len(lines) != len(references):
             raise SystemExit(f"{name}: {len(lines)} hypotheses for {len(references)} references")
