@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from model_helpers import PAD, random_tokens, tiny_model
+from model_helpers import PAD, random_tokens, tiny_config, tiny_model
 
 from aiayn.model import attention_mask, capture_attention, causal_mask, padding_mask
 from aiayn.model.attention import (
@@ -182,6 +182,31 @@ def test_embedding_scale_and_init() -> None:
     bound = math.sqrt(6 / (64 + w.size(0)))
     assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound  # Xavier-uniform
     assert model.encoder.layers[0].ff.linear1.bias.abs().max() == 0
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_embedding_init_std_sets_the_shared_matrix_and_nothing_else(arch: str) -> None:
+    """`embedding_init_std` draws the token embeddings, and so the output layer tied to them,
+    at that std (Sockeye's Xavier scale here); every other weight is drawn as by default, and
+    the embedding is still scaled by sqrt(d_model) in the forward pass."""
+    from aiayn.model.build import build_model
+
+    sizes = {"d_model": 64, "num_heads": 4, "src_vocab_size": 4000, "tgt_vocab_size": 4000}
+    models = []
+    for std in (None, 0.016):
+        torch.manual_seed(0)
+        models.append(build_model(tiny_config(arch=arch, embedding_init_std=std, **sizes)))
+    default, model = models
+    embed = model.src_embed.token if arch == "transformer" else model.src_embed
+    assert embed.weight.std().item() == pytest.approx(0.016, rel=0.05)
+    assert model.output.weight is embed.weight
+    tokens = torch.tensor([[7, 9]])
+    torch.testing.assert_close(embed(tokens), embed.weight[tokens] * 8.0)
+    defaults = dict(default.named_parameters())
+    others = [(n, p) for n, p in model.named_parameters() if p is not embed.weight]
+    assert len(others) == len(defaults) - 1
+    for name, p in others:
+        torch.testing.assert_close(p, defaults[name])
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "float"])

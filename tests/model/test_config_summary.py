@@ -53,6 +53,8 @@ from aiayn.model import (
         ({"embedding_scale_after_proj": True}, "embedding_scale_after_proj"),
         ({"d_embed": 8, "factorized_output": False}, "factorized_output"),
         ({"embedding_dropout": 1.0}, "embedding_dropout"),
+        ({"embedding_init_std": 0.0}, "embedding_init_std"),
+        ({"embedding_init_std": True}, "embedding_init_std"),
     ],
 )
 def test_invalid_config_names_the_field(overrides: dict[str, Any], field: str) -> None:

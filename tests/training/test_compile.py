@@ -138,6 +138,7 @@ def test_compile_resolves_by_device_and_refuses_the_lstm_baseline():
         resolve_compile(True, "cuda", "rnn")
 
 
+@pytest.mark.slow  # inductor generates and builds C++ for both passes: most of a minute
 def test_a_compiled_run_records_it_and_trains(tmp_path):
     """`compile=true` on the CPU: a real run through Lightning runs its training and
     validation losses through compiled graphs (Dynamo counts them; the model's own forward,

@@ -91,6 +91,10 @@ class ModelConfig:
     # post-norm sub-layers as LayerNorm(x + Sublayer(x)) then dropout (seed 001), instead of
     # the paper's dropout on the sub-layer output before the residual sum
     dropout_after_norm: bool = False
+    # the token embeddings' (and a tied output layer's) initial std; null: 1 / sqrt(width)
+    # with scale_embeddings (unit-scale embedded tokens), 1 without. Smaller starts the
+    # shared matrix near Sockeye's Xavier draw (about 0.016 at 8k x 256)
+    embedding_init_std: Optional[float] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
         self.validate()
@@ -138,6 +142,13 @@ class ModelConfig:
                 f"ModelConfig.d_model={self.d_model} is not divisible by "
                 f"ModelConfig.num_heads={self.num_heads}; choose num_heads dividing d_model "
                 "or set ModelConfig.head_dim"
+            )
+        std = self.embedding_init_std
+        if std is not None and (
+            not isinstance(std, (int, float)) or isinstance(std, bool) or not std > 0
+        ):
+            raise ValueError(
+                f"ModelConfig.embedding_init_std must be a positive number or null, got {std!r}"
             )
         for name in ("dropout", "attention_dropout", "embedding_dropout"):
             value = getattr(self, name)

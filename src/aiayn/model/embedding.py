@@ -28,6 +28,7 @@ class TokenEmbedding(nn.Module):
         scale: bool = True,
         proj_bias: bool = False,
         scale_after_proj: bool = False,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         width = d_embed if d_embed is not None else d_model
@@ -38,10 +39,12 @@ class TokenEmbedding(nn.Module):
         # E * sqrt(e) (then projected), or projected then * sqrt(d_model) (seed 002)
         self.scale = math.sqrt(width) if scale and not after else 1.0
         self.out_scale = math.sqrt(d_model) if after else 1.0
+        self.init_std = 1.0 / self.scale if init_std is None else init_std
 
     def reset_parameters(self) -> None:
-        """``N(0, 1 / scale^2)``: unit-scale embedded tokens, scaled or not."""
-        nn.init.normal_(self.weight, mean=0.0, std=1.0 / self.scale)
+        """``N(0, init_std^2)``; by default ``init_std = 1 / scale``: unit-scale embedded
+        tokens, scaled or not."""
+        nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = F.embedding(tokens, self.weight) * self.scale

@@ -86,6 +86,7 @@ class AttentionLSTM(nn.Module):
             config.scale_embeddings,
             config.embedding_proj_bias,
             config.embedding_scale_after_proj,
+            config.embedding_init_std,
         )
         self.src_embed = TokenEmbedding(config.src_vocab_size, d, e, *options)
         if config.share_embeddings == "all":

@@ -101,6 +101,7 @@ class Transformer(nn.Module):
             config.scale_embeddings,
             config.embedding_proj_bias,
             config.embedding_scale_after_proj,
+            config.embedding_init_std,
         )
         src_token = TokenEmbedding(config.src_vocab_size, d, e, *options)
         if config.share_embeddings == "all":
