@@ -204,8 +204,11 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_lightning_epochs_and_resume_position(tmp_path: Path) -> None:
-    dm = toy_module(tmp_path)
+@pytest.mark.parametrize("regroup", [False, True])
+def test_lightning_epochs_and_resume_position(tmp_path: Path, regroup: bool) -> None:
+    """Lightning's epochs each see every pair once: the same batches in a new order, or with
+    data.regroup new batches; a resumed run yields exactly the rest of the epoch."""
+    dm = toy_module(tmp_path, regroup=regroup)
     module = _Recorder()
     trainer = L.Trainer(
         max_epochs=2,
@@ -221,6 +224,8 @@ def test_lightning_epochs_and_resume_position(tmp_path: Path) -> None:
     first, second = module.ids
     assert first != second
     assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+    shared = {frozenset(b) for b in first} & {frozenset(b) for b in second}
+    assert (len(shared) < len(first) // 2) if regroup else (len(shared) == len(first))
     plan = [PLAN_VERSION, 400, 300, 1, 13]  # version, pairs, max_tokens, shuffled, batches
     assert module.state == {
         "train_sampler": {
@@ -231,7 +236,7 @@ def test_lightning_epochs_and_resume_position(tmp_path: Path) -> None:
             "plan": plan,
         }
     }
-    resumed = toy_module(tmp_path)
+    resumed = toy_module(tmp_path, regroup=regroup)
     resumed.prepare_data()
     resumed.load_state_dict(module.state)
     assert [batch.ids.tolist() for batch in resumed.train_dataloader()] == second[3:]

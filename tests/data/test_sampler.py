@@ -269,3 +269,49 @@ def test_token_batches_cut_as_the_greedy_rule_does(seed: int) -> None:
     assert got == _greedy(widths, order, max_tokens)
     with pytest.raises(ValueError, match="ascending"):
         token_bounds(np.array([3, 1]), 10)
+
+
+def test_regroup_deals_each_width_out_afresh_every_epoch() -> None:
+    """With `regroup`, each batch of an epoch holds examples of the widths the plan's batch at
+    its place holds (so the budget holds), every example once, its members changing from
+    epoch to epoch; the same (seed, epoch) gives the same batches on every rank and after a
+    resume; evaluation (shuffle off) ignores it."""
+    epochs = []
+    for epoch in (0, 1):
+        batches = []
+        for rank in (0, 1):
+            plain, regrouped = (
+                make(rank=rank, world_size=2),
+                make(regroup=True, rank=rank, world_size=2),
+            )
+            plain.set_epoch(epoch), regrouped.set_epoch(epoch)
+            pairs = list(zip(plain, regrouped, strict=True))
+            assert all(sorted(WIDTH[a]) == sorted(WIDTH[b]) for a, b in pairs)
+            batches += [b for _, b in pairs]
+        assert sorted(i for b in batches for i in b) == list(range(2000))
+        epochs.append({frozenset(b) for b in batches if len(b) > 1})
+    fixed = {frozenset(b) for r in (0, 1) for b in make(rank=r, world_size=2)}
+    assert len(epochs[0] & epochs[1]) < 0.1 * len(epochs[0])
+    assert len(epochs[0] & fixed) < 0.1 * len(epochs[0])
+    again = make(regroup=True)
+    again.set_epoch(1)
+    first = list(again)
+    resumed = make(regroup=True)
+    resumed.load_state_dict({**again.state_dict(), "position": 3})
+    assert list(resumed) == first[3:]
+    assert list(make(shuffle=False, regroup=True)) == list(make(shuffle=False))
+
+
+def test_a_plan_saved_without_its_runs_is_rebuilt(tmp_path) -> None:
+    plan = BatchPlan.build(SRC, TGT, 512, True)
+    plan.save(tmp_path, "train.plan-512")
+    meta = tmp_path / "train.plan-512.json"
+    saved = json.loads(meta.read_text())
+    loaded = BatchPlan.load(tmp_path, "train.plan-512", len(SRC), 512, True)
+    assert (np.asarray(loaded.runs) == plan.runs).all()
+    widths = WIDTH[np.asarray(plan.order)]
+    assert all((widths[a:b] == widths[a]).all() for a, b in pairwise(plan.runs))
+    assert len(plan.runs) - 1 == len(np.unique(WIDTH))
+    del saved["runs"]
+    meta.write_text(json.dumps(saved))
+    assert BatchPlan.load(tmp_path, "train.plan-512", len(SRC), 512, True) is None

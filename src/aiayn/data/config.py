@@ -110,6 +110,9 @@ class DataConfig:
     max_len: int = 128
     max_ratio: float = 3.0
     max_tokens: int = 4096
+    # training deals each width's examples out to that width's batches afresh every epoch
+    # (Sockeye's way); false: the same batches every epoch, in a new order (fairseq's)
+    regroup: bool = False
     cache_dir: str = ".cache/aiayn"
     num_workers: int = 0
     # deprecated aliases (ALIASES): None unless given; applied to the new keys, then cleared

@@ -98,8 +98,9 @@ class TranslationDataModule(L.LightningDataModule):
         if role not in self._datasets:
             self.setup()
         plan = self._datasets[role].batch_plan(self.cfg.max_tokens)
+        train = role == "train"
         return TokenBatchSampler(
-            plan, shuffle=role == "train", seed=self.seed, rank=rank, world_size=world_size
+            plan, train, self.seed, rank, world_size, regroup=train and self.cfg.regroup
         )
 
     def train_batches(self, world_size: int) -> int:

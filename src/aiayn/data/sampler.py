@@ -10,7 +10,14 @@ efficiency (real tokens / padded slots, both sides) is about 0.96.
 The batches are a `BatchPlan`, built once per split and max_tokens and memory-mapped from the
 data cache (as fairseq fixes its batches once): a rank holds O(batches) in memory, never
 O(examples), so its memory does not grow with the corpus. Training shuffles the order of the
-batches every epoch (seeded by (seed, epoch)); evaluation keeps them in sorted order.
+batches every epoch (seeded by (seed, epoch)); evaluation keeps them in sorted order. With
+`regroup` (`data.regroup`) training also deals the examples of each width out to that
+width's batches afresh every epoch (Sockeye reshuffles within its buckets, fairseq does
+not): each run of equal-width examples in the plan is permuted by an affine map
+i -> (a i + c) mod n drawn per (seed, epoch), so batch sizes and widths stay the plan's while
+who shares a batch changes, still in O(batches) memory. Within a width the examples are then
+no longer ordered by shape, so the shorter side pads a little more than the plan's padding
+efficiency says.
 Everything is a pure function of (plan, seed, epoch, rank, world_size).
 
 Sharding: while the number of batches is not a multiple of world_size, the batch with the most
@@ -24,6 +31,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -66,7 +74,7 @@ class BatchPlan:
 
     order (N,) int32|int64: example indices sorted by (width, shape); bounds (B + 1,) int64.
     Loaded from the cache both are memory maps: only the pages of the batches read are ever
-    resident.
+    resident. runs (R + 1,) int64: where each width's examples start in `order` (R widths).
     """
 
     order: np.ndarray
@@ -74,6 +82,7 @@ class BatchPlan:
     padding_efficiency: float
     max_tokens: int
     shuffle: bool
+    runs: np.ndarray
 
     @classmethod
     def build(
@@ -90,7 +99,8 @@ class BatchPlan:
         order = order[np.lexsort((src[order] - tgt[order], widths[order]))]
         bounds = token_bounds(widths[order], max_tokens)
         efficiency = _padding_efficiency(src[order], tgt[order], bounds)
-        return cls(order, bounds, efficiency, int(max_tokens), bool(shuffle))
+        runs = np.concatenate([[0], np.flatnonzero(np.diff(widths[order])) + 1, [n]])
+        return cls(order, bounds, efficiency, int(max_tokens), bool(shuffle), runs.astype(np.int64))
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -109,6 +119,7 @@ class BatchPlan:
         meta = {"version": PLAN_VERSION, "examples": len(self.order)}
         meta |= {"max_tokens": self.max_tokens, "shuffle": self.shuffle}
         meta["padding_efficiency"] = self.padding_efficiency
+        meta["runs"] = [int(start) for start in self.runs]
         parts = [("order.npy", self.order), ("bounds.npy", self.bounds), ("json", meta)]
         for suffix, content in parts:
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".{suffix}", dir=directory)
@@ -130,7 +141,7 @@ class BatchPlan:
     ) -> BatchPlan | None:
         """The plan saved under `name` in `directory`, memory-mapped; None if there is none,
         or if it is not whole or not the plan of `examples` pairs at (max_tokens, shuffle) of
-        this PLAN_VERSION (it is then rebuilt)."""
+        this PLAN_VERSION (it is then rebuilt; so is one saved before plans held `runs`)."""
         want = {"version": PLAN_VERSION, "examples": examples}
         want |= {"max_tokens": max_tokens, "shuffle": shuffle}
         try:
@@ -142,6 +153,7 @@ class BatchPlan:
             if {key: meta.get(key) for key in want} != want:
                 return None
             efficiency = float(meta["padding_efficiency"])
+            runs = np.asarray(meta["runs"], dtype=np.int64)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         whole = (
@@ -151,8 +163,13 @@ class BatchPlan:
             and bounds[0] == 0
             and bounds[-1] == examples
             and bool((np.diff(bounds) > 0).all())
+            and runs.ndim == 1
+            and len(runs) >= 1
+            and runs[0] == 0
+            and runs[-1] == examples
+            and bool((np.diff(runs) > 0).all())
         )
-        return cls(order, bounds, efficiency, max_tokens, shuffle) if whole else None
+        return cls(order, bounds, efficiency, max_tokens, shuffle, runs) if whole else None
 
 
 def _padding_efficiency(src: np.ndarray, tgt: np.ndarray, bounds: np.ndarray) -> float:
@@ -197,10 +214,12 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        regroup: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.plan, self.shuffle, self.seed = plan, shuffle, seed
+        self.regroup = regroup and shuffle
         self.rank, self.world_size = rank, world_size
         bounds = np.asarray(plan.bounds)
         self.ranges = split_to_multiple(np.stack([bounds[:-1], bounds[1:]], axis=1), world_size)
@@ -216,6 +235,33 @@ class TokenBatchSampler(Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, self.epoch])
         return self.ranges[rng.permutation(len(self.ranges))]
 
+    def epoch_maps(self) -> np.ndarray | None:
+        """(R, 2) int64 (a, c) per width run of the plan, None without `regroup`: this
+        epoch's position i of a run of n examples takes the run's example (a i + c) mod n
+        (a coprime to n: a permutation)."""
+        if not self.regroup:
+            return None
+        rng = np.random.default_rng([self.seed, self.epoch, 1])
+        maps = []
+        for n in np.diff(np.asarray(self.plan.runs)).tolist():
+            a = int(rng.integers(1, n)) if n > 2 else 1
+            while math.gcd(a, n) != 1:
+                a = int(rng.integers(1, n))
+            maps.append((a, int(rng.integers(0, n))))
+        return np.array(maps, dtype=np.int64).reshape(-1, 2)
+
+    def examples(self, begin: int, end: int, maps: np.ndarray | None) -> list[int]:
+        """The example indices of the batch at [begin, end) of `plan.order`, regrouped by
+        `maps` (`epoch_maps`) where given."""
+        if maps is None:
+            return self.plan.order[begin:end].tolist()
+        runs = np.asarray(self.plan.runs)
+        at = np.arange(begin, end, dtype=np.int64)
+        run = np.searchsorted(runs, at, side="right") - 1
+        start, size = runs[run], runs[run + 1] - runs[run]
+        moved = start + (maps[run, 0] * (at - start) + maps[run, 1]) % size
+        return self.plan.order[moved].tolist()
+
     @property
     def sampler(self) -> TokenBatchSampler:
         """Itself: Lightning calls `loader.batch_sampler.sampler.set_epoch(epoch)` each epoch."""
@@ -228,9 +274,10 @@ class TokenBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         start, self._resume_at = self._resume_at, 0
         self.position = start
+        maps = self.epoch_maps()
         for begin, end in self.epoch_ranges()[self.rank :: self.world_size][start:].tolist():
             self.position += 1
-            yield self.plan.order[begin:end].tolist()
+            yield self.examples(begin, end, maps)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a resumed position is kept only for the same epoch."""
