@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU recipe search, call 1 (issue 51), prepared on the CPU for the next session lent a GPU:
-# eight candidates for experiment=multi30k_gpu at once on one card, each budgeted in updates
+# nine candidates for experiment=multi30k_gpu at once on one card, each budgeted in updates
 # (so that sharing the card changes their wall clock, not their numbers), with a time guard
 # that stops a job early, gracefully, if the card is slower than planned. Each job's averaged
 # checkpoint is then decoded on val at alpha 1.0, 1.5 and 2.0 (beam 4, tokenized BLEU), and on
@@ -37,6 +37,7 @@ JOBS=(
  "$R model.attention_dropout=0.1 model.activation_dropout=0.1"
  "$R data.max_tokens=8192 trainer.max_steps=3000 optim.lr=3e-3 optim.warmup_steps=500"
  "experiment=multi30k_tiny trainer=gpu"
+ "$R data.regroup=true model.output_bias=true"
 )
 printf "%s\n" "${JOBS[@]}" > $OUT/jobs.txt
 evaluate() {  # evaluate <job> <split> <alpha>: beam 4 (the tiny recipe: its beam 5), tokenized BLEU
