@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,11 @@ LOG_DIR = tempfile.mkdtemp(prefix="aiayn-test-logs-")
 os.environ["AIAYN_LOG_DIR"] = LOG_DIR
 # checkpoints' CTranslate2 conversions: this session's, never the user's ~/.cache
 os.environ["AIAYN_CACHE_DIR"] = os.path.join(LOG_DIR, "cache")
+# a test run started in the background by a non-interactive shell (`nohup ... &`) inherits
+# SIGINT ignored, and so would every command it starts: the Ctrl-C tests (test_stops.py)
+# need it as a terminal gives it (a handler, unlike SIG_IGN, is not inherited across exec)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:
