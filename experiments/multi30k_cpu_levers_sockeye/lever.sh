@@ -7,7 +7,11 @@
 set -u
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
 : "${MULTI30K_ROOT:?set MULTI30K_ROOT to the Multi30k directory}"
-NAME=$1; shift; L=${LEVERS:-/tmp/lev}/$NAME; rm -rf "$L"; mkdir -p "$L"
+NAME=$1; shift; L=${LEVERS:-/tmp/lev}/$NAME
+if [ -e "$L" ] && [ ! -e "$L/overrides.txt" ]; then  # scratch space: never someone's run
+  echo "$L exists and is not an earlier lever's directory; choose another name or LEVERS" >&2; exit 2
+fi
+rm -rf "$L"; mkdir -p "$L"
 STEPS=${STEPS:-3400}  # the updates of the recipe's hour on the 2-core AVX2 EPYC (peers/same_pipeline/aiayn_*)
 echo "$@" > "$L/overrides.txt"; date > "$L/start"; git rev-parse --short HEAD > "$L/commit"
 python train.py experiment=multi30k_cpu trainer.max_time=null trainer.max_steps="$STEPS" \

@@ -11,10 +11,14 @@ the (possibly tied) ``(V, e)`` output matrix. Without ``d_embed`` this is exactl
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from aiayn.model.config import ModelConfig
 
 
 class TokenEmbedding(nn.Module):
@@ -51,6 +55,22 @@ class TokenEmbedding(nn.Module):
         if self.proj is not None:
             x = self.proj(x)
         return x * self.out_scale if self.out_scale != 1.0 else x
+
+
+def token_embeddings(config: ModelConfig) -> tuple[TokenEmbedding, TokenEmbedding]:
+    """The source and target token embeddings a config describes (one module twice with
+    ``share_embeddings='all'``)."""
+    d, e = config.d_model, config.d_embed
+    options = (
+        config.scale_embeddings,
+        config.embedding_proj_bias,
+        config.embedding_scale_after_proj,
+        config.embedding_init_std,
+    )
+    src = TokenEmbedding(config.src_vocab_size, d, e, *options)
+    if config.share_embeddings == "all":
+        return src, src
+    return src, TokenEmbedding(config.tgt_vocab_size, d, e, *options)
 
 
 def _rows(table: Tensor, length: int, offset: int | Tensor) -> Tensor:

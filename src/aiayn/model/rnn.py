@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from aiayn.model.config import ModelConfig
-from aiayn.model.embedding import OutputProjection, TokenEmbedding
+from aiayn.model.embedding import OutputProjection, token_embeddings
 from aiayn.model.masks import padding_mask
 
 
@@ -82,17 +82,7 @@ class AttentionLSTM(nn.Module):
             raise ValueError(f"AttentionLSTM needs ModelConfig.arch='rnn', got {config.arch!r}")
         self.config = config
         d, e = config.d_model, config.d_embed
-        options = (
-            config.scale_embeddings,
-            config.embedding_proj_bias,
-            config.embedding_scale_after_proj,
-            config.embedding_init_std,
-        )
-        self.src_embed = TokenEmbedding(config.src_vocab_size, d, e, *options)
-        if config.share_embeddings == "all":
-            self.tgt_embed = self.src_embed
-        else:
-            self.tgt_embed = TokenEmbedding(config.tgt_vocab_size, d, e, *options)
+        self.src_embed, self.tgt_embed = token_embeddings(config)
         dropout = config.dropout if config.embedding_dropout is None else config.embedding_dropout
         self.embed_dropout = nn.Dropout(dropout)
         enc, dec = config.num_encoder_layers, config.num_decoder_layers

@@ -27,6 +27,7 @@ from aiayn.model.embedding import (
     LearnedPositionalEmbedding,
     OutputProjection,
     TokenEmbedding,
+    token_embeddings,
 )
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import attention_mask, causal_mask, padding_mask
@@ -97,17 +98,7 @@ class Transformer(nn.Module):
         config.validate()
         self.config = config
         d, e = config.d_model, config.d_embed
-        options = (
-            config.scale_embeddings,
-            config.embedding_proj_bias,
-            config.embedding_scale_after_proj,
-            config.embedding_init_std,
-        )
-        src_token = TokenEmbedding(config.src_vocab_size, d, e, *options)
-        if config.share_embeddings == "all":
-            tgt_token = src_token
-        else:
-            tgt_token = TokenEmbedding(config.tgt_vocab_size, d, e, *options)
+        src_token, tgt_token = token_embeddings(config)
         dropout = config.dropout if config.embedding_dropout is None else config.embedding_dropout
 
         def embedding(token: TokenEmbedding) -> Embedding:
