@@ -201,6 +201,26 @@ def test_the_peer_table_has_a_row_per_system_with_the_mean_and_range_of_its_runs
         table.table(paths)
 
 
+def test_runs_with_glibcs_malloc_as_it_comes_make_a_row_of_their_own(tmp_path):
+    """`PEER_MALLOC=default` runs are not averaged with `keep` ones: their row names the
+    setting; runs recorded before the harness set the allocator (no `malloc`) stay as they
+    were."""
+    table = _module("table")
+    runs = [_result("fairseq", 36.0) | {"malloc": "keep", "updates": 3500} for _ in range(2)]
+    runs += [_result("fairseq", 35.0) | {"malloc": "default", "updates": 3000}]
+    runs += [_result("fairseq", 35.5)]
+    paths = []
+    for i, result in enumerate(runs):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(result))
+    lines = table.table(paths).splitlines()[2:]
+    assert [line.split(" | ")[1:5] for line in lines] == [
+        ["same model and recipe", "last", "2", "3,500"],
+        ["same model and recipe", "last", "1", "3,412"],
+        ["same model and recipe, PEER_MALLOC=default", "last", "1", "3,000"],
+    ]
+
+
 def test_the_checkpoints_averaged_are_the_last_and_those_nearest_each_epoch_before_it(tmp_path):
     """checkpoints.py pick: the final checkpoint and the ones nearest 1-4 epochs before it,
     each once; fewer where fewer exist. average-torch means the weights and keeps the rest."""
@@ -264,14 +284,18 @@ def test_common_sh_gives_every_process_one_allocator_setting(setting, mapped, tm
 
 RECORDS = REPO / "experiments" / "peers"
 SAME_PIPELINE = RECORDS / "same_pipeline"  # the runs of issue 52's harness
+ALLOCATOR = RECORDS / "allocator"  # fairseq with each PEER_MALLOC setting, interleaved
 
 
-@pytest.mark.parametrize("records", [RECORDS, SAME_PIPELINE], ids=["first", "same_pipeline"])
+@pytest.mark.parametrize(
+    "records", [RECORDS, SAME_PIPELINE, ALLOCATOR], ids=["first", "same_pipeline", "allocator"]
+)
 def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(
     records, capsys, monkeypatch
 ):
     """experiments/peers.md quotes `python benchmarks/peers/table.py <records>/*/result.json`
-    (the commands it names) exactly, for the first runs and those of one pipeline."""
+    (the commands it names) exactly, for the first runs, those of one pipeline and the
+    allocator's measurement."""
     paths = sorted(str(p) for p in records.glob("*/result.json"))
     assert len(paths) >= 2
     monkeypatch.setattr(sys, "argv", ["table.py", *paths])

@@ -9,8 +9,9 @@ several. Columns: framework and version, setting, the checkpoint decoded (`avera
 one clock) and as the framework logs it, peak RSS of training, the length setting chosen on
 val, val and test2016 tokenized BLEU, aiayn's test2016 BLEU from its last checkpoint too, wall
 clock by stage (minutes; decoding a checkpoint counts in its own row), and the machines' fp32
-matmul peaks measured with the runs. A smoke-test result (SMOKE=1) is refused: it checks a
-script, not a number.
+matmul peaks measured with the runs. Runs with glibc's malloc as it comes
+(`PEER_MALLOC=default`) make rows of their own, their setting saying so. A smoke-test result
+(SMOKE=1) is refused: it checks a script, not a number.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def row(results: list[dict]) -> str:
     versions = sorted({r["version"] or "" for r in results})
     cells = (
         f"{first['framework']} {', '.join(versions)}".strip(),
-        first["setting"],
+        first["setting"] + (", PEER_MALLOC=default" if first.get("malloc") == "default" else ""),
         checkpoint(first),
         str(len(results)),
         cell(values("updates"), lambda v: f"{v:,.0f}"),
@@ -93,13 +94,15 @@ def row(results: list[dict]) -> str:
 
 
 def rows(results: list[dict]) -> list[list[dict]]:
-    """Results grouped by system, setting and checkpoint (a result scoring several
-    checkpoints joins a group for each); setting 1 first, then the best mean test BLEU."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    """Results grouped by system, setting, allocator setting and checkpoint (a result scoring
+    several checkpoints joins a group for each); setting 1 first, then the best mean test
+    BLEU."""
+    groups: dict[tuple[str, str, str | None, str], list[dict]] = {}
     for result in results:
         for name, scored in (result.get("scores") or {checkpoint(result): {}}).items():
             one = {**result, **scored, "checkpoint": name}
-            groups.setdefault((one["framework"], one["setting"], name), []).append(one)
+            key = (one["framework"], one["setting"], one.get("malloc"), name)
+            groups.setdefault(key, []).append(one)
     return sorted(
         groups.values(),
         key=lambda g: (g[0]["setting"] != SAME, -statistics.fmean(r["test_bleu_tok"] for r in g)),
