@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.kernels.machine import cpu_model
 from tests.helpers import REPO
@@ -16,8 +17,8 @@ from tests.helpers import REPO
 PEERS = REPO / "benchmarks" / "peers"
 
 
-def _module(name):
-    spec = importlib.util.spec_from_file_location(name, PEERS / f"{name}.py")
+def _module(name, folder=PEERS):
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -219,6 +220,26 @@ def test_runs_with_glibcs_malloc_as_it_comes_make_a_row_of_their_own(tmp_path):
         ["same model and recipe", "last", "1", "3,412"],
         ["same model and recipe, PEER_MALLOC=default", "last", "1", "3,000"],
     ]
+
+
+def test_same_weights_tells_runs_that_differ_only_in_speed_from_runs_that_differ(tmp_path, capsys):
+    """experiments/peers/allocator/same_weights.py: at each update count saved by every run,
+    `same` when all weights are equal bit for bit, else the largest difference, and exit 1."""
+    same_weights = _module("same_weights", REPO / "experiments" / "peers" / "allocator")
+    w = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(4)}
+    for run, saved in [("keep", (50, 100, 150)), ("default", (50, 100)), ("other", (50, 100))]:
+        (tmp_path / run / "ckpt").mkdir(parents=True)
+        for updates in saved:
+            model = dict(w)
+            if run == "other" and updates == 100:
+                model["b"] = model["b"] + 0.25
+            path = tmp_path / run / "ckpt" / f"checkpoint_{updates // 50}_{updates}.pt"
+            torch.save({"model": model}, path)
+    runs = [tmp_path / "keep", tmp_path / "default"]
+    assert same_weights.main(runs) == 0
+    assert capsys.readouterr().out.split("\n")[:2] == ["50 same", "100 same"]
+    assert same_weights.main([*runs, tmp_path / "other"]) == 1
+    assert capsys.readouterr().out.split("\n")[:2] == ["50 same", "100 largest difference 0.25"]
 
 
 def test_the_checkpoints_averaged_are_the_last_and_those_nearest_each_epoch_before_it(tmp_path):

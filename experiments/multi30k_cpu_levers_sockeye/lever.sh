@@ -32,15 +32,16 @@ score() {  # score <split> <alpha>: appends "<split>\t<alpha>\t<BLEU>" to scores
   echo -e "$1\t$2\t$bleu" >> "$L/scores.tsv"
   echo "$bleu"
 }
+try_alpha() {  # try_alpha <alpha>: val's BLEU at it; kept as $chosen if the best so far
+  local bleu
+  bleu=$(score val "$1")
+  if python -c "import sys; sys.exit(not $bleu > $best)"; then best=$bleu chosen=$1; fi
+}
 best=0 chosen="" alpha=""
-for alpha in 1.0 1.5 2.0; do
-  bleu=$(score val "$alpha")
-  if python -c "import sys; sys.exit(not $bleu > $best)"; then best=$bleu chosen=$alpha; fi
-done
+for alpha in 1.0 1.5 2.0; do try_alpha "$alpha"; done
 while [ "$chosen" = "$alpha" ]; do  # the last alpha tried is the best: try a longer one
   alpha=$(python -c "print($alpha + 0.5)")
-  bleu=$(score val "$alpha")
-  if python -c "import sys; sys.exit(not $bleu > $best)"; then best=$bleu chosen=$alpha; fi
+  try_alpha "$alpha"
 done
 score test "$chosen" > /dev/null
 [ "${SCORE_ONLY:-0}" = 1 ] && date > "$L/rescored" || date > "$L/done"
