@@ -20,8 +20,9 @@ dimension symbolic) side by side; two more variants try what `compile=true` coul
 symbolic, `torch._dynamo.mark_dynamic`: one graph for any number of sentences of these
 lengths) and `graphs` (the static graph replayed as CUDA graphs, `mode="reduce-overhead"`).
 The first two updates of each variant (its compilation) are timed and printed under the
-table. `--sdpa flash|efficient|cudnn|math` pins every model's attention to one of
-`F.scaled_dot_product_attention`'s backends (default: torch's choice);
+table. `--sdpa efficient|cudnn|math` pins every model's attention to one of
+`F.scaled_dot_product_attention`'s backends (default: torch's choice; not flash, which takes
+no attention mask, while aiayn keeps its padding masks on a GPU);
 on a GPU each step's peak memory above the models' resident weights and optimizer states is
 given too. On a GPU (`--device cuda`) all run under autocast in the card's
 training precision (bf16 from compute capability 8.0 on, else fp16, as `trainer.precision=auto`
@@ -71,9 +72,9 @@ VARIANTS: dict[str, dict[str, object] | None] = {
     "batch": {"dynamic": False},  # and the batch dimension marked dynamic (aiayn_step)
     "graphs": {"dynamic": False, "mode": "reduce-overhead"},
 }
-# --sdpa: the backends F.scaled_dot_product_attention may pick from
+# --sdpa: the backends F.scaled_dot_product_attention may pick from (flash takes no mask:
+# aiayn's attention, which passes its padding masks on a GPU, would find no kernel)
 SDPA = {
-    "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "math": SDPBackend.MATH,

@@ -222,6 +222,26 @@ def test_runs_with_glibcs_malloc_as_it_comes_make_a_row_of_their_own(tmp_path):
     ]
 
 
+def test_runs_on_two_kinds_of_machine_never_share_a_row(tmp_path):
+    """A system's runs on an AVX2 machine and on an AVX-512 one make a row each (a mean over
+    both kinds would be a speed and a BLEU that no machine gives); the fp32 column tells them
+    apart."""
+    table = _module("table")
+    avx2 = {"flags": "avx2 fma", "fp32_gflops": 146.0}
+    avx512 = {"flags": "avx2 avx512f avx512_bf16 fma", "fp32_gflops": 460.0}
+    runs = [_result("sockeye", 38.0) | {"machine": avx2, "updates": 3300} for _ in range(2)]
+    runs += [_result("sockeye", 39.0) | {"machine": avx512, "updates": 9000}]
+    paths = []
+    for i, result in enumerate(runs):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(result))
+    lines = table.table(paths).splitlines()[2:]
+    assert [(line.split(" | ")[3:5], line.split(" | ")[-1]) for line in lines] == [
+        (["1", "9,000"], "460.0 |"),
+        (["2", "3,300"], "146.0 |"),
+    ]
+
+
 def test_same_weights_tells_runs_that_differ_only_in_speed_from_runs_that_differ(tmp_path, capsys):
     """experiments/peers/allocator/same_weights.py: at each update count saved by every run,
     `same` when all weights are equal bit for bit, else the largest difference, and exit 1."""

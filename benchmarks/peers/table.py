@@ -10,8 +10,10 @@ one clock) and as the framework logs it, peak RSS of training, the length settin
 val, val and test2016 tokenized BLEU, aiayn's test2016 BLEU from its last checkpoint too, wall
 clock by stage (minutes; decoding a checkpoint counts in its own row), and the machines' fp32
 matmul peaks measured with the runs. Runs with glibc's malloc as it comes
-(`PEER_MALLOC=default`) make rows of their own, their setting saying so. A smoke-test result
-(SMOKE=1) is refused: it checks a script, not a number.
+(`PEER_MALLOC=default`) make rows of their own, their setting saying so, and so do runs on
+another kind of machine (their CPU's SIMD flags, `benchmarks/machine.py`): a row never
+averages two kinds, told apart by its fp32 column. A smoke-test result (SMOKE=1) is refused:
+it checks a script, not a number.
 """
 
 from __future__ import annotations
@@ -94,14 +96,15 @@ def row(results: list[dict]) -> str:
 
 
 def rows(results: list[dict]) -> list[list[dict]]:
-    """Results grouped by system, setting, allocator setting and checkpoint (a result scoring
-    several checkpoints joins a group for each); setting 1 first, then the best mean test
-    BLEU."""
-    groups: dict[tuple[str, str, str | None, str], list[dict]] = {}
+    """Results grouped by system, setting, allocator setting, machine kind and checkpoint (a
+    result scoring several checkpoints joins a group for each); setting 1 first, then the best
+    mean test BLEU."""
+    groups: dict[tuple[str, str, str | None, str | None, str], list[dict]] = {}
     for result in results:
         for name, scored in (result.get("scores") or {checkpoint(result): {}}).items():
             one = {**result, **scored, "checkpoint": name}
-            key = (one["framework"], one["setting"], one.get("malloc"), name)
+            kind = one.get("machine", {}).get("flags")
+            key = (one["framework"], one["setting"], one.get("malloc"), kind, name)
             groups.setdefault(key, []).append(one)
     return sorted(
         groups.values(),

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # GPU speed, run 5 (issue 48), prepared on the CPU for the next session lent a GPU: what runs
-# 3-4 left untested. Three calls of about 4 minutes each (PART=a, c, b in that order of worth),
-# so that each stands alone:
+# 3-4 left untested. Three calls that each stand alone (PART=a, c, b in that order of worth;
+# a and b about 5 minutes, c about 7: give each call a timeout of its part plus a minute):
 #   PART=a: the GPU tests of the whole-step CUDA graph search (c8ca8d6, now the default GPU
 #           decoding path) and of decode_speed's CUDA columns; the decode table at batch 128.
-#   PART=b: the base update at 25k tokens eager with flash and memory-efficient attention (run
-#           4's eager row ran cuDNN's), and compiled with the batch dimension symbolic (`batch`,
-#           one graph for train.py's varying batch sizes).
+#   PART=b: the base update at 25k tokens eager with memory-efficient attention and with
+#           cuDNN's pinned (run 4's eager row let torch pick; flash takes no mask, and aiayn
+#           passes its padding masks on a GPU), and compiled with the batch dimension symbolic
+#           (`batch`, one graph for train.py's varying batch sizes).
 #   PART=c: the real command after fa50a17 (gradients read from the optimizer, normalised in
 #           one call) beside run 4's 10.4%, then the same with compile=true: whether compile
 #           wins for train.py's varying shapes once its compilations are done.
-# Needs (carried, git-ignored): .whl (hydra-core, omegaconf, antlr4, sacremoses), .gpu/multi30k.
+# Needs (carried, git-ignored; made by `bash experiments/gpu_carry.sh`): .whl (hydra-core,
+# omegaconf, antlr4, sacremoses), .gpu/multi30k.
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false MULTI30K_ROOT=$PWD/.gpu/multi30k
 step() { echo "=== $(date +%T) $*"; }
@@ -35,7 +37,7 @@ a)
   ;;
 b)
   {
-  for backend in flash efficient; do
+  for backend in efficient cudnn; do
     step harness base at 25k, eager, SDPA $backend
     timeout -k 5 ${T_SDPA:-45} python3 benchmarks/train_speed.py --device cuda --shapes base $SHAPE25 --aiayn eager --sdpa $backend --repeats 3
   done
@@ -67,7 +69,7 @@ PY
   }
   {
   real eager 120 80
-  real compiled 200 ${T_COMPILED:-170} compile=true
+  real compiled 200 ${T_COMPILED:-300} compile=true
   } 2>&1 | quiet | tee $OUT/real.txt | grep -E "^===|^\| |rc=|median|Error|error"
   ;;
 esac

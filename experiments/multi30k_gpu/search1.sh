@@ -7,7 +7,7 @@
 # test2016 at the alpha val chose only: choices are made on val. The headline run (alone,
 # timed, 3 seeds) is a later call with the chosen settings.
 # From the repo root, with the carried .gpu/multi30k and .whl (hydra-core, omegaconf, antlr4,
-# sacremoses): bash experiments/multi30k_gpu/search1.sh
+# sacremoses; both made by `bash experiments/gpu_carry.sh`): bash experiments/multi30k_gpu/search1.sh
 # Dry run on a CPU: DEVICE=cpu TRAINER="trainer=cpu" DRY=1 ONLY="0 6" bash ...search1.sh
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true MULTI30K_ROOT=$PWD/.gpu/multi30k
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
@@ -18,7 +18,7 @@ fi
 rm -rf $LOGS; mkdir -p $LOGS; touch $LOGS/.search1
 DEVICE=${DEVICE:-cuda}; TRAINER=${TRAINER:-}
 if [ "$DEVICE" = cuda ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl 2>&1 | tail -3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
   SITE=$(python3 -c "import site; print(site.getsitepackages()[0])"); echo "$PWD/src" > "$SITE/aiayn-src.pth"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/machine.txt
 fi
@@ -26,7 +26,9 @@ python3 -c "import torch; print('torch', torch.__version__)" >> $OUT/machine.txt
 git rev-parse HEAD >> $OUT/machine.txt 2>/dev/null
 DEADLINE=${DEADLINE:-555}  # seconds from the start: scoring stops here, the summary follows
 GUARD=${GUARD:-00:00:06:40}  # trainer.max_time of every job: the updates below are the budget
-COMMON="trainer.max_time=$GUARD $TRAINER logger=csv trainer.enable_progress_bar=false"
+# test=false: the search reads val only (test2016 is decoded below, at val's alpha), and the
+# recipe's own test decode would take the card from the other jobs
+COMMON="trainer.max_time=$GUARD $TRAINER logger=csv trainer.enable_progress_bar=false test=false"
 R=experiment=multi30k_gpu
 JOBS=(
  "$R"

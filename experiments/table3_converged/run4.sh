@@ -10,9 +10,10 @@
 # holds a multirun): its finished jobs are kept; checkpoints do not come back from a device
 # call, so its stopped jobs start again. On a fresh machine: unpack part<N>.tgz into a
 # git-ignored folder, `touch <folder>/.run4`, carry it and set LOGS=$PWD/<folder>.
-# Needs (carried, git-ignored): .whl (hydra-core, omegaconf, antlr4, sacremoses, submitit,
-# hydra-submitit-launcher), .gpu/multi30k. Output under $OUT: part<N>.log, part<N>.tgz (the
-# jobs' directories without checkpoints). The report, here on the CPU, from both parts:
+# Needs (carried, git-ignored; `bash experiments/gpu_carry.sh` makes both): .whl (hydra-core,
+# omegaconf, antlr4, sacremoses, submitit, hydra-submitit-launcher), .gpu/multi30k. Output
+# under $OUT: part<N>.log, part<N>.tgz (the jobs' directories without checkpoints). The
+# report, here on the CPU, from both parts:
 #   python -m aiayn.sweeps <part1 dir> <part2 dir> --paper table3
 # DRY=1: two rows of the part in a few updates on the CPU (checks the script, not numbers).
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1
@@ -41,7 +42,7 @@ else  # on this CPU: the part's first two rows, 4 updates each
   STEPS="trainer.max_steps=4 trainer.val_check_interval=2 trainer.limit_test_batches=2"
 fi
 lscpu | grep -E "Model name|^CPU\(s\)"
-python3 -c "import torch, lightning, hydra, submitit; print('torch', torch.__version__, 'lightning', lightning.__version__, 'submitit', submitit.__version__)"
+python3 -c "import torch, lightning, hydra, submitit, hydra_plugins.hydra_submitit_launcher; print('torch', torch.__version__, 'lightning', lightning.__version__, 'submitit', submitit.__version__)" || exit 1
 git log -1 --format='commit %H' 2>/dev/null
 RESUME=""; [ -f "$DIR/multirun.yaml" ] && RESUME="resume_sweep=$DIR"
 step "part $PART: $GRID $STEPS $RESUME"
