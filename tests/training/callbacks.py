@@ -139,3 +139,20 @@ class TermInTest(L.Callback):
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if batch_idx == 0 and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class ClockDueAtBatch(L.Callback):
+    """Makes `LastCheckpoint`'s time interval due at the start of the epoch's batch
+    `batch_idx` (as if its minutes had passed there), once."""
+
+    def __init__(self, batch_idx: int) -> None:
+        self.batch_idx, self.done = batch_idx, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        from aiayn.callbacks.last_checkpoint import LastCheckpoint
+
+        if batch_idx == self.batch_idx and not self.done:
+            self.done = True
+            for callback in trainer.callbacks:
+                if isinstance(callback, LastCheckpoint):
+                    callback._saved_at = float("-inf")

@@ -346,6 +346,33 @@ def test_keep_last_keeps_the_newest_step_checkpoints(tmp_path):
         assert torch.load(directory / f"step{step}.ckpt", weights_only=True)["global_step"] == step
 
 
+@pytest.mark.parametrize("due", ["clock", "validation"])
+def test_last_checkpoint_is_written_only_where_an_update_ends(due, tmp_path):
+    """With 3 micro-batches an update, neither the time interval falling due after an
+    update's second micro-batch nor a validation after it (every 4 batches) writes last.ckpt
+    there (a resume would lose those micro-batches' gradients): each write holds whole
+    updates, 3 batches each, and the one due is written at its update's end."""
+    from aiayn.training.run import run
+    from tests.helpers import compose_train
+
+    overrides = ["model=tiny", "trainer.max_steps=3", "trainer.max_epochs=-1", "test=false"]
+    overrides += ["trainer.accumulate_grad_batches=3", "~callbacks.rich_progress_bar"]
+    overrides += ["trainer.check_val_every_n_epoch=null", "callbacks.last_checkpoint.keep_last=9"]
+    if due == "clock":
+        overrides += ["trainer.val_check_interval=9", "callbacks.last_checkpoint.every_minutes=60"]
+        overrides += ["+callbacks.due._target_=tests.training.callbacks.ClockDueAtBatch"]
+        overrides += ["+callbacks.due.batch_idx=4"]
+    else:
+        overrides += ["trainer.val_check_interval=4", "callbacks.last_checkpoint.every_minutes=0"]
+    run(compose_train(overrides, output_dir=tmp_path))
+    written = {}
+    for path in (tmp_path / "checkpoints").glob("step*.ckpt"):
+        checkpoint = torch.load(path, weights_only=True)
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]
+        written[checkpoint["global_step"]] = progress["processed"]
+    assert written == {2: 6, 3: 9}  # the one due (update 2), and the end of training
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", VARIANT_PRESETS)
 def test_every_variant_preset_trains_on_the_toy_corpus(preset, tmp_path):

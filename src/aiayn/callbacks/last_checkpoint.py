@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from aiayn.training.loggers import sync_step
+from aiayn.training.loggers import ends_update, sync_step
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,12 @@ class LastCheckpoint(ModelCheckpoint):
     epoch) and at the end of training, whatever the metrics did. With `keep_last` N > 0 each
     of those writes is also kept as `step<update>.ckpt` (a hard link where the file system
     allows, else a copy), the newest N of them (e.g. for `python -m aiayn.averaging --last N`).
+
+    Every write is at the end of an update: with gradient accumulation a checkpoint written
+    after one of an update's micro-batches would resume with that update's rest only (its
+    first micro-batches' gradients are in no checkpoint), so the clock is read where an
+    update ends, and a validation that runs between two micro-batches (an integer
+    `trainer.val_check_interval` counts batches) is written at the end of its update.
 
     (Lightning's `save_last` only writes when a top-k checkpoint was written in the same
     step.) Being a ModelCheckpoint, it runs after the other callbacks, so the state it saves
@@ -50,6 +56,8 @@ class LastCheckpoint(ModelCheckpoint):
             keep_last,
         )
         self._saved_at = time.monotonic()
+        self._in_update = False  # between two micro-batches of one update
+        self._after_validation = False  # a validation ran in that update: write at its end
 
     @property
     def state_key(self) -> str:
@@ -83,11 +91,20 @@ class LastCheckpoint(ModelCheckpoint):
             except OSError as error:  # kept, not fatal: training goes on, the user is told
                 log.warning("keep_last: could not delete %s (%s); it stays", old, error)
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        step = trainer.global_step  # unchanged on the micro-batches of an accumulation window
-        if step == 0 or step == self._last_global_step_saved:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._in_update = not ends_update(trainer, batch_idx)
+        step = trainer.global_step
+        if self._in_update or step == 0 or step == self._last_global_step_saved:
             return
-        due = self.every > 0 and step % self.every == 0
+        due = self._after_validation or (self.every > 0 and step % self.every == 0)
+        self._after_validation = False
         if self.every_minutes > 0 and self._reads_clock(trainer):
             late = time.monotonic() - self._saved_at >= 60 * self.every_minutes
             due = due or bool(trainer.strategy.broadcast(late))
@@ -105,7 +122,11 @@ class LastCheckpoint(ModelCheckpoint):
         pass  # only validations, step intervals and the end of training write last.ckpt
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.sanity_checking and trainer.state.fn == "fit":
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        if self._in_update:  # the update's last micro-batch writes it
+            self._after_validation = True
+        else:
             self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from lightning.fabric.utilities.rank_zero import rank_prefixed_message
 from lightning.pytorch.utilities import rank_zero_info
 
-from aiayn.training.loggers import sync_step
+from aiayn.training.loggers import ends_update, sync_step
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +95,7 @@ class SigtermAtLogSteps(L.Callback):
         batch_idx: int,
     ) -> None:
         # a stop comes after a whole update: checked at an update's last micro-batch
-        ends_update = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
-        ends_update = ends_update or trainer.is_last_batch
-        if self._trainer is not None and ends_update and sync_step(trainer):
+        if self._trainer is not None and ends_update(trainer, batch_idx) and sync_step(trainer):
             self._agree(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

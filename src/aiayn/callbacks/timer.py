@@ -27,7 +27,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 
-from aiayn.training.loggers import sync_step
+from aiayn.training.loggers import ends_update, sync_step
 
 
 class SyncedTimer(Timer):
@@ -85,10 +85,10 @@ class SyncedTimer(Timer):
     ) -> None:
         if self._duration is None:
             return
-        accumulate = trainer.accumulate_grad_batches
-        if batch_idx % accumulate == 0 and (not self._shared or sync_step(trainer)):
+        starts_update = batch_idx % trainer.accumulate_grad_batches == 0
+        if starts_update and (not self._shared or sync_step(trainer)):
             self._read(trainer)  # at an update's start
-        if (batch_idx + 1) % accumulate and not trainer.is_last_batch:
+        if not ends_update(trainer, batch_idx):
             return  # not the update's last micro-batch: an update stops whole
         end = self._estimate(trainer.global_step + 1)
         if end >= self._duration:  # the update under way ends past the budget: the last one

@@ -93,6 +93,14 @@ def log_step(trainer: L.Trainer) -> bool:
     return bool(last_epoch and trainer.is_last_batch)
 
 
+def ends_update(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether the epoch's batch `batch_idx` is the last micro-batch of its update (with
+    `trainer.accumulate_grad_batches`, or the epoch's last batch, which ends a short one):
+    where a stop, a time check or a checkpoint may come without splitting an update."""
+    last = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+    return last or trainer.is_last_batch
+
+
 def sync_step(trainer: L.Trainer) -> bool:
     """Whether the checks that wait for the device or for every rank run in the current
     training step (the divergence guard, the time budget, a SIGTERM seen by another rank):
