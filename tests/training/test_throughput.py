@@ -46,10 +46,12 @@ def test_mean_rates_count_training_time_only_and_split_target_tokens(monkeypatch
 def test_steps_between_log_steps_log_nothing_and_still_count(monkeypatch):
     """Lightning writes the values of log steps only; a step between them logs nothing (each
     log call costs host time that a GPU update waits for), and its tokens and seconds still
-    count in the run's mean rates and minutes."""
-    clock = iter([10.0, 11.0, 12.0])
+    count in the run's mean rates and minutes, and in the next log step's rate: that of the
+    steps since the previous log step (on a GPU the log step, which waits for the device,
+    takes the time of the steps the host issued before it, here 3 s against 1)."""
+    clock = iter([10.0, 11.0, 14.0])
     monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
-    steps = iter([False, True])
+    steps = iter([False, True, True])
     monkeypatch.setattr(module, "log_step", lambda trainer: next(steps))
     logged: dict[str, list[float]] = {}
     pl_module = SimpleNamespace(
@@ -62,10 +64,13 @@ def test_steps_between_log_steps_log_nothing_and_still_count(monkeypatch):
     batch = SimpleNamespace(num_src_tokens=30, num_tgt_tokens=10)
     callback.on_train_batch_end(one, pl_module, None, batch)  # 11.0: not a log step
     assert logged == {}
-    callback.on_train_batch_end(one, pl_module, None, batch)  # 12.0: a log step
-    assert logged["train/tokens_per_sec"] == [40.0]  # its own step's rate
-    assert logged["train/elapsed_min"] == [pytest.approx(2 / 60)]
-    assert callback.mean_rate(1, target_only=True) == pytest.approx(20 / 2)
+    callback.on_train_batch_end(one, pl_module, None, batch)  # 14.0: a log step
+    assert logged["train/tokens_per_sec"] == [80 / 4]  # both steps' tokens over their 4 s
+    assert logged["train/elapsed_min"] == [pytest.approx(4 / 60)]
+    assert callback.mean_rate(1, target_only=True) == pytest.approx(20 / 4)
+    clock = iter([15.0])  # the next log step's rate is its own interval's: 40 tokens in 1 s
+    callback.on_train_batch_end(one, pl_module, None, batch)
+    assert logged["train/tokens_per_sec"] == [20.0, 40.0]
 
 
 def _peak_kib_from_proc() -> int:

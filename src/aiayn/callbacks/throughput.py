@@ -1,7 +1,7 @@
 """`Throughput`: `train/tokens_per_sec`, real (non-padding) source + target tokens per second
 of training time, summed over ranks (validation time does not count); `train/mfu`, the model
-FLOP utilisation as `aiayn.kernels.machine` defines it for every MFU of the project: the step's
-matrix-product FLOPs (3 x `forward_flops` of the padded batch) per second over the GPU's
+FLOP utilisation as `aiayn.kernels.machine` defines it for every MFU of the project: the steps'
+matrix-product FLOPs (3 x `forward_flops` of each padded batch) per second over the GPU's
 datasheet dense peak in the training precision (`mfu_peak`; on a CPU or an unlisted card, the
 peak measured on the device at the start of fitting, which `metrics.json` names as such); and
 `train/elapsed_min`, wall-clock minutes of fitting (validation
@@ -50,8 +50,12 @@ def peak_rss_mib() -> float | None:
 
 class Throughput(L.Callback):
     """Logs its metrics at log steps (`aiayn.training.loggers.log_step`: the steps whose values
-    Lightning writes; each value is that step's own) and keeps this process's totals
-    (`tokens`, `target_tokens`, `seconds`) for the run's mean rates. Added to every run by
+    Lightning writes) and keeps this process's totals (`tokens`, `target_tokens`, `seconds`)
+    for the run's mean rates. `train/tokens_per_sec` and `train/mfu` are the rates of the
+    steps since the previous log step (tokens and FLOPs over their training time, as fairseq's
+    `wps` is over its log interval), not of the log step alone: on a GPU the host issues the
+    steps between log steps ahead of the device, and the log step, which reads the device,
+    waits for all of them, so its own time holds theirs. Added to every run by
     `aiayn.training.run`."""
 
     def __init__(self) -> None:
@@ -61,6 +65,8 @@ class Throughput(L.Callback):
         self.peak: MfuPeak | None = None  # what train/mfu divides by (set at fit start)
         self._before = 0.0  # minutes of fitting in the attempts before this one (resume)
         self._minutes = 0.0  # the last train/elapsed_min logged
+        # since the previous log step: tokens, matrix-product FLOPs and seconds of training
+        self._tokens_since, self._flops_since, self._seconds_since = 0, 0, 0.0
 
     def mean_rate(self, world_size: int, target_only: bool = False) -> float | None:
         """Mean tokens per second of the run, all ranks (this rank's rate x ranks): source +
@@ -87,18 +93,23 @@ class Throughput(L.Callback):
         self.tokens, self.seconds = self.tokens + tokens, self.seconds + elapsed
         self.target_tokens += batch.num_tgt_tokens
         self._minutes = self._before + (now - (self._start or now)) / 60.0
+        self._tokens_since += tokens
+        self._seconds_since += elapsed
+        if self.peak is not None:
+            shape = (*batch.src.shape, batch.tgt_in.size(1))
+            self._flops_since += 3 * forward_flops(pl_module.model_config, *shape)
         if not log_step(trainer):
             return  # Lightning writes the log steps' values only, and each log call costs the
             # host time that a GPU's update, issued by the host, waits for
+        seconds, self._seconds_since = self._seconds_since, 0.0
+        tokens, self._tokens_since = self._tokens_since, 0
+        flops, self._flops_since = self._flops_since, 0
         # summed over ranks, so on the module's device (NCCL has no CPU tensors), made there by
         # a fill: a copy of host data would wait for the device
-        rate = torch.full((), tokens / elapsed, device=pl_module.device)
+        rate = torch.full((), tokens / seconds, device=pl_module.device)
         pl_module.log("train/tokens_per_sec", rate, batch_size=1, sync_dist=True, reduce_fx="sum")
         if self.peak is not None:
-            flops = 3 * forward_flops(
-                pl_module.model_config, *batch.src.shape, batch.tgt_in.size(1)
-            )
-            log_host(pl_module, "train/mfu", flops / elapsed / self.peak.flops)
+            log_host(pl_module, "train/mfu", flops / seconds / self.peak.flops)
         log_host(pl_module, "train/elapsed_min", self._minutes, reduce_fx="max")
         rss = peak_rss_mib()
         if rss is not None:
