@@ -324,19 +324,22 @@ def test_common_sh_gives_every_process_one_allocator_setting(setting, mapped, tm
 
 
 RECORDS = REPO / "experiments" / "peers"
-SAME_PIPELINE = RECORDS / "same_pipeline"  # the runs of issue 52's harness
+SAME_PIPELINE = RECORDS / "same_pipeline"  # the runs of issue 52's harness (the AVX2 kind)
+SAME_PIPELINE_AVX512 = RECORDS / "same_pipeline_avx512"  # the same on the AVX-512 kind
 ALLOCATOR = RECORDS / "allocator"  # fairseq with each PEER_MALLOC setting, interleaved
 
 
 @pytest.mark.parametrize(
-    "records", [RECORDS, SAME_PIPELINE, ALLOCATOR], ids=["first", "same_pipeline", "allocator"]
+    "records",
+    [RECORDS, SAME_PIPELINE, SAME_PIPELINE_AVX512, ALLOCATOR],
+    ids=["first", "same_pipeline", "same_pipeline_avx512", "allocator"],
 )
 def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(
     records, capsys, monkeypatch
 ):
     """experiments/peers.md quotes `python benchmarks/peers/table.py <records>/*/result.json`
-    (the commands it names) exactly, for the first runs, those of one pipeline and the
-    allocator's measurement."""
+    (the commands it names) exactly, for the first runs, those of one pipeline on each
+    machine kind and the allocator's measurement."""
     paths = sorted(str(p) for p in records.glob("*/result.json"))
     assert len(paths) >= 2
     monkeypatch.setattr(sys, "argv", ["table.py", *paths])
@@ -347,7 +350,9 @@ def test_the_recorded_peer_table_is_what_table_py_prints_from_the_records(
 
 @pytest.mark.slow  # per run: every hypothesis file rescored
 @pytest.mark.parametrize(
-    "result_path", sorted(SAME_PIPELINE.glob("*/result.json")), ids=lambda p: p.parent.name
+    "result_path",
+    sorted([*SAME_PIPELINE.glob("*/result.json"), *SAME_PIPELINE_AVX512.glob("*/result.json")]),
+    ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}",
 )
 def test_a_recorded_run_chose_alpha_on_its_committed_val_hypotheses(result_path, multi30k_root):
     """Each run's hypotheses are committed (val ones gzipped): rescored by the one scorer,
@@ -423,13 +428,14 @@ def test_significance_tells_a_clear_lead_from_a_tie(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.slow  # every recorded run's test2016 hypotheses tokenised and resampled
+@pytest.mark.parametrize("records", [SAME_PIPELINE, SAME_PIPELINE_AVX512], ids=lambda p: p.name)
 def test_the_recorded_significance_table_is_what_significance_py_prints(
-    multi30k_root, monkeypatch, capsys
+    records, multi30k_root, monkeypatch, capsys
 ):
     """experiments/peers.md quotes `python benchmarks/peers/significance.py` over the runs of
-    one pipeline exactly."""
+    one pipeline on each machine kind exactly."""
     monkeypatch.setenv("MULTI30K_ROOT", str(multi30k_root))
-    paths = sorted(str(p) for p in SAME_PIPELINE.glob("*/result.json"))
+    paths = sorted(str(p) for p in records.glob("*/result.json"))
     monkeypatch.setattr(sys, "argv", ["significance.py", *paths])
     monkeypatch.syspath_prepend(str(PEERS))
     _module("significance").main()
