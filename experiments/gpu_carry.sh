@@ -12,6 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MULTI30K_ROOT:?set MULTI30K_ROOT to the Multi30k directory (train.en, val.de, ...)}"
+if [ "$(realpath -m "$MULTI30K_ROOT")" = "$(realpath -m .gpu/multi30k)" ]; then
+  echo "MULTI30K_ROOT is .gpu/multi30k itself, the folder this script remakes: point it at" \
+    "the corpus elsewhere (e.g. ../shared/data/multi30k)" >&2
+  exit 1
+fi
 PY=${PY:-.venv/bin/python}
 PACKAGES=(hydra-core omegaconf antlr4-python3-runtime sacremoses submitit hydra-submitit-launcher)
 pinned=()

@@ -173,3 +173,22 @@ def test_the_gpu_script_s_two_parts_make_up_the_converged_grid():
     assert len(set(both)) == len(both)
     available = {p.stem for p in (repo / "conf" / "ablation").glob("*.yaml")}
     assert set(both) == available  # every row conf/ablation/ holds, big and the seeds included
+
+
+def test_gpu_carry_refuses_to_remake_the_corpus_it_would_copy_from():
+    """experiments/gpu_carry.sh empties .gpu/multi30k before copying the corpus into it: given
+    that folder itself as MULTI30K_ROOT it stops before any other step (here the wheels' step
+    would fail otherwise, on a Python that cannot run), naming the folder."""
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "MULTI30K_ROOT": str(repo / ".gpu" / "multi30k"), "PY": "/bin/false"}
+    done = subprocess.run(
+        ["bash", str(repo / "experiments" / "gpu_carry.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert "MULTI30K_ROOT is .gpu/multi30k itself" in done.stderr
