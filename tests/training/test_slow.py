@@ -43,20 +43,27 @@ def _epoch_batches(cache, max_tokens: int) -> int:
     return len(SplitDataset(split_dir, "train").batch_plan(max_tokens))
 
 
-@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end", "validation", "ddp"])
+@pytest.mark.parametrize(
+    "where", ["mid_epoch", "epoch_end", "validation", "ddp", "ddp_accumulated"]
+)
 def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     """Killed right after step N (after its last.ckpt), resumed from last.ckpt to 2N: the
     same weights as a run that never stopped (dropout on, so the RNG state matters; mid-epoch,
     so the data position matters; at an epoch end, so the epoch boundary does). The resumed
-    run continues in the same run directory."""
+    run continues in the same run directory. ``ddp_accumulated``: 2 micro-batches an update
+    on each of 2 ranks, a validation due after the 5th batch (inside update 3): its last.ckpt
+    waits for the update's end, so the resume loses no micro-batch's gradients."""
     common = [*TOY, "trainer.max_epochs=-1", "data.max_tokens=512", "model.dropout=0.2"]
-    if where in ("mid_epoch", "validation", "ddp"):
-        n = 7 if where == "ddp" else 13  # a toy epoch has more than 13 batches (7 per rank)
-        if where == "validation":  # killed in the validation at 2n: resumes from n, ends at 3n
-            n = 5
-        common += [f"trainer.val_check_interval={n}", "trainer.check_val_every_n_epoch=null"]
-        if where == "ddp":  # each rank restores its own RNG state and data position
+    if where in ("mid_epoch", "validation", "ddp", "ddp_accumulated"):
+        n = {"ddp": 7, "ddp_accumulated": 3, "validation": 5}.get(where, 13)
+        # a toy epoch has more than 13 batches (7 per rank); validation: killed in the
+        # validation at 2n, resumes from n and ends at 3n
+        every = 5 if where == "ddp_accumulated" else n  # batches, not updates
+        common += [f"trainer.val_check_interval={every}", "trainer.check_val_every_n_epoch=null"]
+        if where.startswith("ddp"):  # each rank restores its own RNG state and data position
             common += ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
+        if where == "ddp_accumulated":
+            common += ["trainer.accumulate_grad_batches=2"]
     else:
         prepare = cli([*cli_overrides(tmp_path), *common, "train=false", "test=false"], tmp_path)
         assert prepare.returncode == 0, prepare.stderr[-3000:]
@@ -82,7 +89,8 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
     ]
     result = cli([*args, *kill], killed)
     # under DDP a rank may see its peer die first and fail on its own, before its SIGKILL
-    assert result.returncode == -signal.SIGKILL or where == "ddp", result.stderr[-3000:]
+    ddp = where.startswith("ddp")
+    assert result.returncode == -signal.SIGKILL or ddp, result.stderr[-3000:]
     assert result.returncode != 0
     (run,) = run_dirs(killed)
     last = run / "checkpoints" / "last.ckpt"

@@ -373,6 +373,25 @@ def test_last_checkpoint_is_written_only_where_an_update_ends(due, tmp_path):
     assert written == {2: 6, 3: 9}  # the one due (update 2), and the end of training
 
 
+def test_metrics_json_records_the_kernel_settings_the_environment_overrides(tmp_path, monkeypatch):
+    """aiayn's kernel switches and the oneDNN / ideep cache capacities (docs/recipes.md) that
+    the environment sets are in metrics.json's `kernel_overrides`; other variables are not."""
+    from aiayn.training.run import run
+    from tests.helpers import compose_train
+
+    settings = {"AIAYN_KEEP_FREED_MEMORY": "0", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128"}
+    settings["LRU_CACHE_CAPACITY"] = "64"
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AIAYN_ONEDNN", "AIAYN_PACK_WEIGHTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DNNL_VERBOSE", "0")  # oneDNN's, but no kernel setting
+    overrides = ["model=tiny", "trainer.max_steps=1", "trainer.max_epochs=-1", "test=false"]
+    run(compose_train([*overrides, "~callbacks.rich_progress_bar"], output_dir=tmp_path))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["kernel_overrides"] == settings
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", VARIANT_PRESETS)
 def test_every_variant_preset_trains_on_the_toy_corpus(preset, tmp_path):

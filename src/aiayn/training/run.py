@@ -64,8 +64,12 @@ from aiayn.training.sweep_resume import jobs_not_run
 
 log = logging.getLogger(__name__)
 
-# environment variables that override the CPU kernels' defaults (recorded in metrics.json)
+# environment variables that override the CPU kernels' defaults (recorded in metrics.json):
+# aiayn's own, and the capacities of oneDNN's primitive cache and of the one PyTorch's ideep
+# layer keeps on top, which bound the memory that products of ever new shapes hold
+# (docs/recipes.md)
 KERNEL_ENV = ("AIAYN_ONEDNN", "AIAYN_PACK_WEIGHTS", "AIAYN_KEEP_FREED_MEMORY")
+KERNEL_ENV += ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
