@@ -63,7 +63,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(where, tmp_path):
         if where.startswith("ddp"):  # each rank restores its own RNG state and data position
             common += ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
         if where == "ddp_accumulated":
-            common += ["trainer.accumulate_grad_batches=2"]
+            common += ["trainer.accumulate_grad_batches=2", "trainer.log_every_n_steps=1"]
     else:
         prepare = cli([*cli_overrides(tmp_path), *common, "train=false", "test=false"], tmp_path)
         assert prepare.returncode == 0, prepare.stderr[-3000:]
