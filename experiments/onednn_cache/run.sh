@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU recipe for 300 updates under each cache setting, one run at a time on a quiet
+# The CPU recipe for STEPS updates (default 300) under each cache setting, one run at a time on a quiet
 # machine: peak resident memory and speed from each run's own metrics.csv (experiments/onednn_cache.md).
 #   MULTI30K_ROOT=<dir> VARIANTS="shipped both128 both256" bash experiments/onednn_cache/run.sh
 # Runs go to $OUT_DIR/run_<variant> (default /tmp/onednn_cache).
