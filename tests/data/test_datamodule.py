@@ -234,6 +234,7 @@ def test_lightning_epochs_and_resume_position(tmp_path: Path, regroup: bool) -> 
             "world_size": 1,
             "batches": 13,
             "plan": plan,
+            "regroup": regroup,
         }
     }
     resumed = toy_module(tmp_path, regroup=regroup)

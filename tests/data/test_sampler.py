@@ -123,6 +123,7 @@ def test_resume_yields_exactly_the_rest(world_size: int) -> None:
         "world_size": world_size,
         "batches": len(run),
         "plan": run.plan.identity,
+        "regroup": False,
     }
     resumed = make(rank=world_size - 1, world_size=world_size)
     resumed.load_state_dict(state)
@@ -300,6 +301,33 @@ def test_regroup_deals_each_width_out_afresh_every_epoch() -> None:
     resumed.load_state_dict({**again.state_dict(), "position": 3})
     assert list(resumed) == first[3:]
     assert list(make(shuffle=False, regroup=True)) == list(make(shuffle=False))
+
+
+def test_a_mid_epoch_resume_that_changes_regroup_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """`data.regroup` deals an epoch's examples out by (seed, epoch): a run stopped mid-epoch
+    and resumed with the other setting goes on from the same batch, but the rest of that epoch
+    is dealt out otherwise, so its examples are no longer each seen once, and the user is told.
+    The same setting, an epoch end and a checkpoint that did not record it resume silently."""
+    stopped = make(regroup=True)
+    stopped.set_epoch(1)
+    seen = list(islice(iter(stopped), 10))
+    state = stopped.state_dict()
+    assert state["regroup"] is True
+    with caplog.at_level(logging.WARNING, logger=module.__name__):
+        make(regroup=True).load_state_dict(state)
+        make().load_state_dict({k: v for k, v in state.items() if k != "regroup"})
+        make().load_state_dict({**state, "position": state["batches"]})
+        assert not caplog.records
+        plain = make()
+        plain.load_state_dict(state)
+        assert "epoch 1 with data.regroup=true; now data.regroup=false" in caplog.text
+        assert "some of them are skipped or seen twice" in caplog.text
+    plain.set_epoch(1)
+    rest = list(plain)
+    whole = make()
+    whole.set_epoch(1)
+    assert rest == list(whole)[10:]
+    assert sorted(i for b in seen + rest for i in b) != list(range(len(SRC)))
 
 
 def test_a_plan_saved_without_its_runs_is_rebuilt(tmp_path) -> None:

@@ -286,13 +286,15 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch, batches this rank has yielded in it, the sharding they came from (a
-        position means nothing under another world size) and the plan they were cut by."""
+        position means nothing under another world size), the plan they were cut by and
+        whether its examples were regrouped."""
         return {
             "epoch": self.epoch,
             "position": self.position,
             "world_size": self.world_size,
             "batches": len(self),
             "plan": self.plan.identity,
+            "regroup": self.regroup,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -301,7 +303,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         size; where
         the batches were cut otherwise (another data.max_tokens or corpus, or a checkpoint
         from before batch plans), the epoch goes on from the same fraction of it, with a
-        warning that its examples are no longer each seen exactly once."""
+        warning that its examples are no longer each seen exactly once; the same warning where
+        `regroup` changed mid-epoch (the rest of the epoch deals its examples out otherwise)."""
         if mid_epoch_world_size(state) not in (None, self.world_size):
             raise DataError(
                 f"the run stopped in the middle of epoch {state['epoch']} with "
@@ -328,6 +331,17 @@ class TokenBatchSampler(Sampler[list[int]]):
                 self.plan.identity,
                 position,
                 len(self),
+            )
+        if 0 < position < len(self) and state.get("regroup", self.regroup) != self.regroup:
+            log.warning(
+                "the checkpoint stopped after batch %d of %d of epoch %d with data.regroup=%s; "
+                "now data.regroup=%s deals the rest of that epoch's examples out otherwise, "
+                "so some of them are skipped or seen twice (the epochs after it are exact)",
+                state["position"],
+                batches,
+                self.epoch,
+                str(state["regroup"]).lower(),
+                str(self.regroup).lower(),
             )
         self.position = self._resume_at = position
 
