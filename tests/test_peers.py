@@ -673,3 +673,38 @@ def test_every_peers_setting_1_is_aiayns_recipe_but_for_the_listed_differences()
             peer,
             {k: (recipe[k], ours[k]) for k in differing},
         )
+
+
+def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
+    """README.md's "Against the real NMT frameworks" table, cell by cell: each system's mean
+    test2016 / val BLEU (its run count) and target tok/s over the whole command, from the
+    records of the AVX2 and the AVX-512 machine kinds, so that a new run cannot leave it stale;
+    "not run yet" only where that kind has no record of the system."""
+    table = _module("table")
+    kinds = []
+    for records in (SAME_PIPELINE, SAME_PIPELINE_AVX512):
+        results = [json.loads(p.read_text()) for p in sorted(records.glob("*/result.json"))]
+        groups = {(g[0]["framework"], g[0]["checkpoint"]): g for g in table.rows(results)}
+        kinds.append(groups)
+    readme = (REPO / "README.md").read_text().split("### Against the real NMT frameworks")[1]
+    lines = [line for line in readme.split("\n\n")[2].splitlines() if line.startswith("| ")]
+    system = {"Sockeye": "sockeye", "OpenNMT-py": "opennmt-py", "eole": "eole"}
+    system |= {"aiayn,": "aiayn", "fairseq": "fairseq", "JoeyNMT": "joeynmt"}
+    seen = set()
+    for line in lines[1:]:
+        name, *cells = [cell.strip().replace("*", "") for cell in line.strip("|").split("|")]
+        framework = system[name.split()[0]]
+        checkpoint = "last" if name.endswith("last checkpoint") else "averaged"
+        seen.add((framework, checkpoint))
+        for groups, (bleu, rate) in zip(kinds, [cells[0:2], cells[2:4]], strict=True):
+            group = groups.get((framework, checkpoint))
+            if group is None:
+                assert (bleu, rate) == ("not run yet", ""), name
+                continue
+            mean = {
+                k: sum(r[k] for r in group) / len(group) for k in ("test_bleu_tok", "val_bleu_tok")
+            }
+            speed = sum(r["target_tokens_per_sec_whole"] for r in group) / len(group)
+            expected = f"{mean['test_bleu_tok']:.2f} / {mean['val_bleu_tok']:.2f} ({len(group)})"
+            assert (bleu, rate) == (expected, f"{speed:,.0f}".replace(",", " ")), name
+    assert seen == set(kinds[0]), "a system with AVX2 records is missing from the README table"
