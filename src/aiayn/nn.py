@@ -19,9 +19,10 @@ from aiayn.model.transformer import Decoder, Encoder
 
 
 class Transformer(nn.Module):
-    """See the module docstring; arguments as `torch.nn.Transformer`'s. Not supported (a
-    ValueError names them): `custom_encoder`, `custom_decoder`, `bias=False`, a callable
-    `activation`, `layer_norm_eps` other than 1e-5."""
+    """See the module docstring; arguments as `torch.nn.Transformer`'s (`bias=False`: no bias
+    in any Linear or LayerNorm of the stacks, as torch's). Not supported (a ValueError names
+    them): `custom_encoder`, `custom_decoder`, a callable `activation`, `layer_norm_eps` other
+    than 1e-5."""
 
     def __init__(
         self,
@@ -45,7 +46,6 @@ class Transformer(nn.Module):
         unsupported = {
             "custom_encoder": custom_encoder is not None,
             "custom_decoder": custom_decoder is not None,
-            "bias=False": not bias,
             "a callable activation": not isinstance(activation, str),
             f"layer_norm_eps={layer_norm_eps}": layer_norm_eps != 1e-5,
         }
@@ -64,6 +64,8 @@ class Transformer(nn.Module):
             activation=activation,
             norm_first=norm_first,
             final_norm=True,
+            linear_bias=bias,
+            norm_bias=bias,
         )
         self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
         self.encoder = Encoder(self.config)
@@ -145,9 +147,10 @@ class Transformer(nn.Module):
             _copy_self_attention(ours.self_attn, theirs.self_attn)
             cross, d = theirs.multihead_attn, self.d_model
             ours.cross_attn.q_proj.weight.copy_(cross.in_proj_weight[:d])
-            ours.cross_attn.q_proj.bias.copy_(cross.in_proj_bias[:d])
             ours.cross_attn.kv_proj.weight.copy_(cross.in_proj_weight[d:])
-            ours.cross_attn.kv_proj.bias.copy_(cross.in_proj_bias[d:])
+            if cross.in_proj_bias is not None:  # bias=False: none on either side
+                ours.cross_attn.q_proj.bias.copy_(cross.in_proj_bias[:d])
+                ours.cross_attn.kv_proj.bias.copy_(cross.in_proj_bias[d:])
             ours.cross_attn.out_proj.load_state_dict(cross.out_proj.state_dict())
             _copy_ff_norms(ours, theirs, 3)
         self.encoder.norm.load_state_dict(module.encoder.norm.state_dict())
@@ -157,7 +160,8 @@ class Transformer(nn.Module):
 
 def _copy_self_attention(ours: nn.Module, theirs: nn.MultiheadAttention) -> None:
     ours.qkv_proj.weight.copy_(theirs.in_proj_weight)
-    ours.qkv_proj.bias.copy_(theirs.in_proj_bias)
+    if theirs.in_proj_bias is not None:
+        ours.qkv_proj.bias.copy_(theirs.in_proj_bias)
     ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
 
 

@@ -39,6 +39,25 @@ def test_two_checkpoints_average_elementwise_and_translate(ckpt, sources, tmp_pa
     assert got == reference_translations(translator, sources[:2]) and all(got)
 
 
+def test_a_checkpoint_from_before_a_model_field_existed_averages_with_newer_ones(ckpt, tmp_path):
+    """A run resumed across a release that added a ModelConfig field (its key missing from the
+    older checkpoints, the default in the newer) averages; other hyper-parameters are
+    refused."""
+    a = _load(ckpt)
+    model = a["hyper_parameters"]["model"]
+    assert model["linear_bias"] is True and model["norm_bias"] is True  # their defaults
+    older = {k: v for k, v in model.items() if k not in ("linear_bias", "norm_bias")}
+    torch.save({**a, "hyper_parameters": {**a["hyper_parameters"], "model": older}}, tmp_path / "o")
+    avg = average_checkpoints([tmp_path / "o", ckpt])
+    assert avg["hyper_parameters"] == a["hyper_parameters"]  # the newest's
+    other = {**model, "norm_bias": False}
+    torch.save({**a, "hyper_parameters": {**a["hyper_parameters"], "model": other}}, tmp_path / "n")
+    with pytest.raises(AveragingError, match="other model hyper-parameters than"):
+        average_checkpoints([tmp_path / "n", ckpt])
+    with pytest.raises(AveragingError, match="other model hyper-parameters than"):
+        average_checkpoints([ckpt, tmp_path / "n"])
+
+
 def test_last_n_by_step(run_dir):
     paths = last_checkpoints(run_dir / "checkpoints", 2)
     assert [_load(p)["global_step"] for p in paths] == [20, 40]

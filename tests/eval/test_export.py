@@ -46,6 +46,12 @@ VARIANTS = {
         "output_bias": True,
     },
     "seed 001: per-head shared Q/K/V matrices": {"shared_head_qkv": True},
+    "no bias in the stacks' linear maps and norms": {
+        "norm_first": True,
+        "linear_bias": False,
+        "norm_bias": False,
+        "embedding_norm": True,
+    },
     "pre-norm, learned, factorized, unshared": {
         "norm_first": True,
         "positional": "learned",
@@ -66,6 +72,10 @@ def test_every_variant_converts_to_the_same_log_probabilities(variant, tmp_path)
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight.uniform_(0.5, 1.5)
+            if (
+                isinstance(module, (torch.nn.LayerNorm, torch.nn.Linear))
+                and module.bias is not None
+            ):
                 module.bias.uniform_(-0.3, 0.3)
         for bias in (model.output.bias, model.src_embed.token.proj, model.tgt_embed.token.proj):
             if isinstance(bias, torch.nn.Linear):

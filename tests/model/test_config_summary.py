@@ -50,6 +50,8 @@ from aiayn.model import (
         ({"shared_head_qkv": True, "head_dim": 2}, "shared_head_qkv"),
         ({"dropout_after_norm": True, "norm_first": True}, "dropout_after_norm"),
         ({"arch": "rnn", "shared_head_qkv": True}, "shared_head_qkv"),
+        ({"arch": "rnn", "linear_bias": False}, "linear_bias"),
+        ({"arch": "rnn", "norm_bias": False}, "norm_bias"),
         ({"embedding_scale_after_proj": True}, "embedding_scale_after_proj"),
         ({"d_embed": 8, "factorized_output": False}, "factorized_output"),
         ({"embedding_dropout": 1.0}, "embedding_dropout"),
@@ -73,11 +75,12 @@ def test_special_ids_default_for_configs_saved_without_them() -> None:
 def closed_form(cfg: ModelConfig) -> int:
     d, f, e = cfg.d_model, cfg.d_ff, cfg.d_embed
     a = cfg.num_heads * cfg.head_dim if cfg.head_dim else d  # attention width
-    attention = 4 * d * a + 3 * a + d  # q, k, v: (a, d) + a; out: (d, a) + d
+    linear_bias = 1 if cfg.linear_bias else 0
+    attention = 4 * d * a + (3 * a + d) * linear_bias  # q, k, v: (a, d) + a; out: (d, a) + d
     if cfg.shared_head_qkv:  # q, k, v: one bias-free (d_k, d_k) matrix each; out as before
-        attention = 3 * (d // cfg.num_heads) ** 2 + d * a + d
-    ffn = 2 * d * f + f + d
-    norm = 2 * d
+        attention = 3 * (d // cfg.num_heads) ** 2 + d * a + d * linear_bias
+    ffn = 2 * d * f + (f + d) * linear_bias
+    norm = 2 * d if cfg.norm_bias else d
     encoder = cfg.num_encoder_layers * (attention + ffn + 2 * norm)
     decoder = cfg.num_decoder_layers * (2 * attention + ffn + 3 * norm)
     finals = 2 * norm if cfg.has_final_norm else 0
@@ -120,6 +123,9 @@ def closed_form(cfg: ModelConfig) -> int:
         {"output_bias": True, "scale_embeddings": False, "embedding_dropout": 0.0},
         {"output_bias": True, "share_embeddings": "none", "tgt_vocab_size": 31},
         {"embedding_norm": True, "share_embeddings": "decoder", "tgt_vocab_size": 29},
+        {"linear_bias": False},
+        {"norm_bias": False, "embedding_norm": True, "norm_first": True},
+        {"linear_bias": False, "norm_bias": False, "shared_head_qkv": True},
         {
             "d_embed": 8,
             "embedding_proj_bias": True,
@@ -172,8 +178,9 @@ def test_format_parameter_summary() -> None:
         {"d_embed": 6, "share_embeddings": "none", "tgt_vocab_size": 19},
         {"arch": "rnn", "num_decoder_layers": 3},
         {"shared_head_qkv": True},
+        {"linear_bias": False, "norm_bias": False},
     ],
-    ids=["plain", "head_dim", "factorized", "rnn", "shared-head-qkv"],
+    ids=["plain", "head_dim", "factorized", "rnn", "shared-head-qkv", "no-bias"],
 )
 def test_forward_flops_equal_torchs_count_of_the_real_forward(overrides: dict[str, Any]) -> None:
     """The closed form against torch's FLOP counter on the real forward pass (matmuls and

@@ -11,7 +11,7 @@ from torch import nn
 from aiayn import nn as aiayn_nn
 
 
-def pair(norm_first: bool = False, batch_first: bool = False, activation: str = "relu"):
+def pair(norm_first: bool = False, batch_first: bool = False, activation: str = "relu", bias=True):
     torch.manual_seed(0)
     kwargs = dict(
         d_model=16,
@@ -22,14 +22,17 @@ def pair(norm_first: bool = False, batch_first: bool = False, activation: str = 
         activation=activation,
         batch_first=batch_first,
         norm_first=norm_first,
+        bias=bias,
     )
     ref = nn.Transformer(**kwargs).eval()
     ref.encoder.use_nested_tensor = False
-    with torch.no_grad():  # trained-like norms, so a misplaced or missing norm shows
+    with torch.no_grad():  # trained-like norms and biases, so a misplaced or missing one shows
         for module in ref.modules():
             if isinstance(module, nn.LayerNorm):
                 module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.3, 0.3)
+        for name, parameter in ref.named_parameters():
+            if "bias" in name:
+                parameter.uniform_(-0.3, 0.3)
     ours = aiayn_nn.Transformer(**kwargs).copy_from(ref).eval()
     return ref, ours
 
@@ -86,6 +89,21 @@ def test_equals_torch_nn_transformer(kind, norm_first, batch_first):
         torch.backends.mha.set_fastpath_enabled(fastpath)
     assert torch.isfinite(got).all()
     assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_bias_false_equals_torchs_and_has_no_bias_anywhere_in_the_stacks(norm_first):
+    """`bias=False`, torch's switch for every Linear and LayerNorm of the stacks, the same in
+    both: no parameter named bias on either side, equal outputs with copied weights."""
+    ref, ours = pair(norm_first, batch_first=True, bias=False)
+    assert not [n for n, _ in ref.named_parameters() if "bias" in n]
+    assert not [n for n, _ in ours.named_parameters() if "bias" in n]
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    src, tgt = inputs(batch_first=True)
+    with torch.no_grad():
+        kwargs = masks("bool and padding")
+        expected, got = ref(src, tgt, **kwargs), ours(src, tgt, **kwargs)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_helpers import PAD, packed_if, random_tokens, tiny_model
-from torch import nn
+from torch import Tensor, nn
 
 from aiayn.model import Transformer
 
@@ -35,6 +35,8 @@ STACKS = [
     },
     # seed 001's intent: per-head shared bias-free Q/K/V matrices, dropout after the norms
     {"shared_head_qkv": True, "dropout_after_norm": True, "embedding_dropout": 0.0},
+    # no bias in any linear map or LayerNorm of the stacks (torch's and nanoGPT's bias=False)
+    {"norm_first": True, "linear_bias": False, "norm_bias": False, "embedding_norm": True},
 ]
 STACK_IDS = [
     "post-norm",
@@ -43,6 +45,7 @@ STACK_IDS = [
     "seed-style",
     "seed002-style",
     "seed001-style",
+    "no-bias",
 ]
 
 
@@ -70,8 +73,14 @@ def reference_from(model: Transformer) -> nn.Transformer:
         activation=cfg.activation,
         batch_first=True,
         norm_first=cfg.norm_first,
+        bias=cfg.linear_bias,
     )
+    assert cfg.norm_bias == cfg.linear_bias  # torch's one switch covers both
     ref.encoder.use_nested_tensor = False  # compare dense outputs (no nested-tensor fast path)
+
+    def in_proj_bias(*projections: nn.Linear) -> Tensor | None:
+        biases = [p.bias for p in projections]
+        return None if biases[0] is None else torch.cat(biases)
 
     def copy_ff_norms(dst: nn.Module, src: nn.Module, norms: int) -> None:
         dst.linear1.load_state_dict(src.ff.linear1.state_dict())
@@ -80,19 +89,23 @@ def reference_from(model: Transformer) -> nn.Transformer:
             getattr(dst, f"norm{i}").load_state_dict(getattr(src, f"norm{i}").state_dict())
 
     with torch.no_grad():
+
+        def copy_self_attention(dst: nn.MultiheadAttention, src: nn.Module) -> None:
+            dst.in_proj_weight.copy_(src.qkv_proj.weight)
+            if dst.in_proj_bias is not None:
+                dst.in_proj_bias.copy_(in_proj_bias(src.qkv_proj))
+            dst.out_proj.load_state_dict(src.out_proj.state_dict())
+
         for dst, src in zip(ref.encoder.layers, model.encoder.layers, strict=True):
-            dst.self_attn.in_proj_weight.copy_(src.self_attn.qkv_proj.weight)
-            dst.self_attn.in_proj_bias.copy_(src.self_attn.qkv_proj.bias)
-            dst.self_attn.out_proj.load_state_dict(src.self_attn.out_proj.state_dict())
+            copy_self_attention(dst.self_attn, src.self_attn)
             copy_ff_norms(dst, src, 2)
         for dst, src in zip(ref.decoder.layers, model.decoder.layers, strict=True):
-            dst.self_attn.in_proj_weight.copy_(src.self_attn.qkv_proj.weight)
-            dst.self_attn.in_proj_bias.copy_(src.self_attn.qkv_proj.bias)
-            dst.self_attn.out_proj.load_state_dict(src.self_attn.out_proj.state_dict())
+            copy_self_attention(dst.self_attn, src.self_attn)
             cross = src.cross_attn
             q, kv = cross.q_proj, cross.kv_proj
             dst.multihead_attn.in_proj_weight.copy_(torch.cat([q.weight, kv.weight]))
-            dst.multihead_attn.in_proj_bias.copy_(torch.cat([q.bias, kv.bias]))
+            if dst.multihead_attn.in_proj_bias is not None:
+                dst.multihead_attn.in_proj_bias.copy_(in_proj_bias(q, kv))
             dst.multihead_attn.out_proj.load_state_dict(cross.out_proj.state_dict())
             copy_ff_norms(dst, src, 3)
         if cfg.has_final_norm:
@@ -107,13 +120,22 @@ def reference_from(model: Transformer) -> nn.Transformer:
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize(("norm_first", "final_norm"), [(False, None), (True, None), (False, True)])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_matches_torch_transformer(norm_first: bool, final_norm, activation: str) -> None:
-    """(False, True): torch.nn.Transformer's default, post-norm stacks with final norms."""
-    model = tiny_model(norm_first=norm_first, final_norm=final_norm, activation=activation)
-    with torch.no_grad():  # trained-like norms, so that a missing or extra norm shows
+@pytest.mark.parametrize("bias", [True, False], ids=["biases", "bias=False"])
+def test_matches_torch_transformer(norm_first: bool, final_norm, activation: str, bias) -> None:
+    """(False, True): torch.nn.Transformer's default, post-norm stacks with final norms;
+    ``bias=False``: no bias in the stacks' linear maps and norms on either side."""
+    model = tiny_model(
+        norm_first=norm_first,
+        final_norm=final_norm,
+        activation=activation,
+        linear_bias=bias,
+        norm_bias=bias,
+    )
+    with torch.no_grad():  # trained-like norms and biases, so a missing or misplaced one shows
         for module in model.modules():
             if isinstance(module, nn.LayerNorm):
                 module.weight.uniform_(0.5, 1.5)
+            if isinstance(module, (nn.LayerNorm, nn.Linear)) and module.bias is not None:
                 module.bias.uniform_(-0.5, 0.5)
     ref = reference_from(model)
     src = random_tokens(3, 7, 23, seed=1)

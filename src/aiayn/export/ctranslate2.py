@@ -66,7 +66,9 @@ def _linear(spec: Any, layer: torch.nn.Module) -> None:
 
 
 def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+    """CTranslate2's LayerNorm always adds a beta: zeros for a bias-free one (norm_bias)."""
+    beta = norm.bias if norm.bias is not None else torch.zeros_like(norm.weight)
+    spec.gamma, spec.beta = _np(norm.weight), _np(beta)
 
 
 def _token_table(token: torch.nn.Module, d_model: int) -> tuple[np.ndarray, bool]:

@@ -10,6 +10,7 @@ loads, evaluates and translates like any other, but does not resume training.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from aiayn.errors import AveragingError
 from aiayn.inference.checkpoint import nonfinite_weight, read_checkpoint
+from aiayn.model.config import ModelConfig
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
 
@@ -89,6 +91,13 @@ def average_state_dicts(states: Iterable[dict[str, Tensor]]) -> dict[str, Tensor
     return {key: out[aliases.get(key, key)] for key in last}
 
 
+def _model_hyper_parameters(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """A checkpoint's model hyper-parameters, ModelConfig's defaults filled in for fields
+    added after it was written (a run resumed across such a release keeps averaging)."""
+    model = checkpoint.get("hyper_parameters", {}).get("model")
+    return None if model is None else {**asdict(ModelConfig()), **model}
+
+
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """The checkpoint with the mean weights of `paths` (all must have the same model
     hyper-parameters); hyper-parameters, tokenizer and metadata come from the last path."""
@@ -96,9 +105,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     if not checkpoints:
         raise AveragingError("nothing to average: no checkpoints given")
     newest = checkpoints[-1]
-    model = newest.get("hyper_parameters", {}).get("model")
+    model = _model_hyper_parameters(newest)
     for path, checkpoint in zip(paths, checkpoints, strict=True):
-        if checkpoint.get("hyper_parameters", {}).get("model") != model:
+        if _model_hyper_parameters(checkpoint) != model:
             raise AveragingError(
                 f"{path} has other model hyper-parameters than {paths[-1]}; average "
                 "checkpoints of one run"

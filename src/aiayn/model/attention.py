@@ -89,11 +89,12 @@ class SharedHeadProjection(nn.Module):
         return torch.cat([torch.block_diag(*[w] * self.num_heads) for w in self.weight])
 
 
-def _projection(d_model: int, heads: _Heads, n: int, shared: bool) -> nn.Module:
-    """``n`` fused projections ``D -> A``: a Linear, or per-head shared matrices."""
+def _projection(d_model: int, heads: _Heads, n: int, shared: bool, bias: bool) -> nn.Module:
+    """``n`` fused projections ``D -> A``: a Linear (with a bias if ``bias``), or per-head
+    shared matrices (never a bias)."""
     if shared:
         return SharedHeadProjection(heads.num_heads, heads.head_dim, n)
-    return nn.Linear(d_model, n * heads.width)
+    return nn.Linear(d_model, n * heads.width, bias=bias)
 
 
 class _Heads(nn.Module):
@@ -101,11 +102,17 @@ class _Heads(nn.Module):
     ``(B, H, T, Dh)``, attend (SDPA, or the explicit path that records), merge.
 
     ``record``: None (SDPA fast path) or, inside ``capture_attention``, the list that the
-    explicit path appends its probabilities to.
+    explicit path appends its probabilities to. ``bias``: whether the projections (the output
+    one and the Q/K/V Linears) have biases.
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, dropout: float, head_dim: int | None = None
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float,
+        head_dim: int | None = None,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         if head_dim is None and d_model % num_heads != 0:
@@ -114,7 +121,7 @@ class _Heads(nn.Module):
         self.head_dim = head_dim or d_model // num_heads
         self.width = num_heads * self.head_dim  # A
         self.dropout = dropout
-        self.out_proj = nn.Linear(self.width, d_model)
+        self.out_proj = nn.Linear(self.width, d_model, bias=bias)
         self.record: list[Tensor] | None = None
 
     def split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
@@ -155,9 +162,10 @@ class MultiHeadSelfAttention(_Heads):
         dropout: float = 0.0,
         head_dim: int | None = None,
         shared_heads: bool = False,
+        bias: bool = True,
     ) -> None:
-        super().__init__(d_model, num_heads, dropout, head_dim)
-        self.qkv_proj = _projection(d_model, self, 3, shared_heads)
+        super().__init__(d_model, num_heads, dropout, head_dim, bias)
+        self.qkv_proj = _projection(d_model, self, 3, shared_heads, bias)
 
     def reset_parameters(self) -> None:
         self._xavier_chunks(self.qkv_proj)
@@ -188,10 +196,11 @@ class MultiHeadCrossAttention(_Heads):
         dropout: float = 0.0,
         head_dim: int | None = None,
         shared_heads: bool = False,
+        bias: bool = True,
     ) -> None:
-        super().__init__(d_model, num_heads, dropout, head_dim)
-        self.q_proj = _projection(d_model, self, 1, shared_heads)
-        self.kv_proj = _projection(d_model, self, 2, shared_heads)
+        super().__init__(d_model, num_heads, dropout, head_dim, bias)
+        self.q_proj = _projection(d_model, self, 1, shared_heads, bias)
+        self.kv_proj = _projection(d_model, self, 2, shared_heads, bias)
 
     def reset_parameters(self) -> None:
         self._xavier_chunks(self.kv_proj)

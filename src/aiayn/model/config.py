@@ -20,6 +20,8 @@ TRANSFORMER_ONLY = {
     "activation_dropout": 0.0,
     "shared_head_qkv": False,
     "dropout_after_norm": False,
+    "linear_bias": True,
+    "norm_bias": True,
 }
 
 
@@ -95,6 +97,12 @@ class ModelConfig:
     # with scale_embeddings (unit-scale embedded tokens), 1 without. Smaller starts the
     # shared matrix near Sockeye's Xavier draw (about 0.016 at 8k x 256)
     embedding_init_std: Optional[float] = None  # noqa: UP045
+    # biases on the layers' linear maps: every attention's Q/K/V and output projections and
+    # the FFN's two layers (false: OpenNMT-py's and eole's default, add_qkvbias/add_ffnbias)
+    linear_bias: bool = True
+    # a bias (beta) on every LayerNorm; false with linear_bias false: torch.nn.Transformer's
+    # bias=False (and nanoGPT's)
+    norm_bias: bool = True
 
     def __post_init__(self) -> None:
         self.validate()

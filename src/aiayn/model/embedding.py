@@ -116,8 +116,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 class Embedding(nn.Module):
-    """``nn.Dropout(TokenEmbedding(tokens) + PE)`` (with ``norm``: ``nn.Dropout(LayerNorm(...))``):
-    ``tokens (B, L)`` -> ``(B, L, d_model)``.
+    """``nn.Dropout(TokenEmbedding(tokens) + PE)`` (with ``norm``: ``nn.Dropout(LayerNorm(...))``,
+    the LayerNorm with a bias if ``norm_bias``): ``tokens (B, L)`` -> ``(B, L, d_model)``.
 
     ``offset`` is the position of the first token (the cache's offset when decoding step by
     step): an int, checked against ``max_positions``, or a 0-d tensor on the device (a
@@ -132,10 +132,11 @@ class Embedding(nn.Module):
         positional: str = "sinusoidal",
         dropout: float = 0.0,
         norm: bool = False,
+        norm_bias: bool = True,
     ) -> None:
         super().__init__()
         self.token = token
-        self.norm = nn.LayerNorm(d_model) if norm else None
+        self.norm = nn.LayerNorm(d_model, bias=norm_bias) if norm else None
         if positional == "sinusoidal":
             self.positional: nn.Module = SinusoidalPositionalEncoding(max_positions, d_model)
         elif positional == "learned":

@@ -39,14 +39,20 @@ def residual(
 
 class FeedForward(nn.Module):
     """``linear2(dropout(activation(linear1(x))))``: ``(B, T, D)`` -> ``(B, T, D)`` through
-    ``d_ff`` (the inner dropout is ``activation_dropout``, 0 in the paper)."""
+    ``d_ff`` (the inner dropout is ``activation_dropout``, 0 in the paper; both linears have
+    biases unless ``bias`` is false)."""
 
     def __init__(
-        self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        bias: bool = True,
     ) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
@@ -54,18 +60,23 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
+def feed_forward(config: ModelConfig) -> FeedForward:
+    """A layer's FFN as ``config`` sets it."""
+    d, f = config.d_model, config.d_ff
+    return FeedForward(d, f, config.activation, config.activation_dropout, config.linear_bias)
+
+
 class EncoderLayer(nn.Module):
     """Self-attention then FFN, each a residual sublayer."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d = config.d_model
-        self.self_attn = MultiHeadSelfAttention(
-            d, config.num_heads, config.attention_dropout, config.head_dim, config.shared_head_qkv
-        )
-        self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
-        self.norm1 = nn.LayerNorm(d)
-        self.norm2 = nn.LayerNorm(d)
+        d, h, p = config.d_model, config.num_heads, config.attention_dropout
+        shared, bias = config.shared_head_qkv, config.linear_bias
+        self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim, shared, bias)
+        self.ff = feed_forward(config)
+        self.norm1 = nn.LayerNorm(d, bias=config.norm_bias)
+        self.norm2 = nn.LayerNorm(d, bias=config.norm_bias)
         self.dropout = nn.Dropout(config.dropout)
         self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 
@@ -85,13 +96,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d, h, p = config.d_model, config.num_heads, config.attention_dropout
-        shared = config.shared_head_qkv
-        self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim, shared)
-        self.cross_attn = MultiHeadCrossAttention(d, h, p, config.head_dim, shared)
-        self.ff = FeedForward(d, config.d_ff, config.activation, config.activation_dropout)
-        self.norm1 = nn.LayerNorm(d)
-        self.norm2 = nn.LayerNorm(d)
-        self.norm3 = nn.LayerNorm(d)
+        shared, bias = config.shared_head_qkv, config.linear_bias
+        self.self_attn = MultiHeadSelfAttention(d, h, p, config.head_dim, shared, bias)
+        self.cross_attn = MultiHeadCrossAttention(d, h, p, config.head_dim, shared, bias)
+        self.ff = feed_forward(config)
+        self.norm1 = nn.LayerNorm(d, bias=config.norm_bias)
+        self.norm2 = nn.LayerNorm(d, bias=config.norm_bias)
+        self.norm3 = nn.LayerNorm(d, bias=config.norm_bias)
         self.dropout = nn.Dropout(config.dropout)
         self.placement = (config.norm_first, config.dropout_after_norm)  # see `residual`
 

@@ -33,6 +33,13 @@ from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.masks import attention_mask, causal_mask, padding_mask
 
 
+def final_norm(config: ModelConfig) -> nn.Module:
+    """A stack's last LayerNorm (``config.has_final_norm``), or an identity."""
+    if config.has_final_norm:
+        return nn.LayerNorm(config.d_model, bias=config.norm_bias)
+    return nn.Identity()
+
+
 class Encoder(nn.Module):
     """A stack of ``EncoderLayer`` (+ a final LayerNorm: ``config.has_final_norm``):
     ``(B, S, D)`` -> same."""
@@ -40,7 +47,7 @@ class Encoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_encoder_layers))
-        self.norm = nn.LayerNorm(config.d_model) if config.has_final_norm else nn.Identity()
+        self.norm = final_norm(config)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """``x (B, S, D)``, ``mask (B|1, 1, 1|S, S)`` -> ``(B, S, D)``."""
@@ -56,7 +63,7 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_decoder_layers))
-        self.norm = nn.LayerNorm(config.d_model) if config.has_final_norm else nn.Identity()
+        self.norm = final_norm(config)
 
     def forward(
         self,
@@ -103,7 +110,8 @@ class Transformer(nn.Module):
 
         def embedding(token: TokenEmbedding) -> Embedding:
             positional, norm = config.positional, config.embedding_norm
-            return Embedding(token, d, config.max_positions, positional, dropout, norm)
+            norm_bias = config.norm_bias
+            return Embedding(token, d, config.max_positions, positional, dropout, norm, norm_bias)
 
         self.src_embed = embedding(src_token)
         self.tgt_embed = embedding(tgt_token)
