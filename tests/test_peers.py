@@ -4,6 +4,7 @@ with the peer's CLI faked (the runs themselves take an hour of CPU each and are 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -327,6 +328,8 @@ RECORDS = REPO / "experiments" / "peers"
 SAME_PIPELINE = RECORDS / "same_pipeline"  # the runs of issue 52's harness (the AVX2 kind)
 SAME_PIPELINE_AVX512 = RECORDS / "same_pipeline_avx512"  # the same on the AVX-512 kind
 ALLOCATOR = RECORDS / "allocator"  # fairseq with each PEER_MALLOC setting, interleaved
+# result.json `layers` of runs whose model differed from what the harness runs now
+LAYER_NOTES = ("no attention or FFN biases",)
 
 
 @pytest.mark.parametrize(
@@ -517,8 +520,35 @@ def test_sockeye_decodes_with_its_own_output_limit_only_in_setting_2(tmp_path, s
 
 PEERS = REPO / "benchmarks" / "peers"
 # what a peer's setting 1 may not match, and why (issue 52 keeps them listed until each is
-# gone): every other compared key must equal aiayn's experiment=multi30k_cpu
-KNOWN_DIFFERENCES: dict[str, str] = {}
+# gone; each is in the peer's config or run.sh header too): every other compared key must
+# equal aiayn's experiment=multi30k_cpu
+KNOWN_DIFFERENCES: dict[str, dict[str, str]] = {
+    "eole": {
+        "post-norm": "eole 0.6.4's Transformer is pre-norm only",
+        "FFN activation dropout": "its MLP drops out its hidden activation at `dropout`",
+    },
+    "opennmt": {
+        "post-norm": "OpenNMT-py 3.5.1's Transformer is pre-norm only",
+        "FFN activation dropout": "its FFN drops out its hidden activation at `dropout`",
+        "output bias": "its generator is an nn.Linear with a bias, no option",
+    },
+    "sockeye": {
+        "attention biases": "its attention projections are bias-free (layers.py), no option",
+        "output bias": "its OutputLayer has a bias, no option",
+        "norm eps": "its LayerNorm eps is 1e-6, no option",
+    },
+    "joeynmt": {
+        "attention dropout": "one dropout rate a stack, attention probabilities included",
+        "FFN activation dropout": "the same rate after the FFN's ReLU",
+        "norm eps": "its LayerNorm eps is 1e-6, no option",
+    },
+}
+# the layer details a peer fixes in its code (no option), where its config cannot say them
+FIXED_LAYERS = {
+    "joeynmt": {"attention biases": True, "FFN biases": True, "output bias": False},
+    "fairseq": {"attention biases": True, "FFN biases": True, "output bias": False},
+    "sockeye": {"attention biases": False, "FFN biases": True, "output bias": True},
+}
 
 
 def _averaged(script: Path) -> int:
@@ -576,6 +606,11 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
         "batch tokens": train["batch_size"],
         "beam": joey["testing"]["beam_size"],
         "averaged": _averaged(PEERS / "joeynmt" / "run.sh"),
+        "post-norm": enc["layer_norm"] == dec["layer_norm"] == "post",
+        "attention dropout": enc["dropout"],
+        "FFN activation dropout": enc["dropout"],
+        "norm eps": 1e-6,
+        **FIXED_LAYERS["joeynmt"],
     }
     for peer in ("eole", "opennmt"):
         config = yaml.safe_load((PEERS / peer / "same_model.yaml").read_text())
@@ -596,6 +631,15 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
             "batch tokens": train["batch_size"],
             "beam": int(_flags(_decode_words(PEERS / peer / "run.sh", "-beam_size"))["beam_size"]),
             "averaged": _averaged(PEERS / peer / "run.sh"),
+            "post-norm": False,
+            "attention dropout": train["attention_dropout"][0],
+            "FFN activation dropout": train["dropout"][0],
+            # eole: add_qkvbias alone left the encoder's output projections bias-free
+            "attention biases": model.get("add_qkvbias", False)
+            and (peer == "opennmt" or model.get("add_final_linear_bias", False)),
+            "FFN biases": model.get("add_ffnbias", False),
+            "output bias": peer == "opennmt" or model.get("generator_bias", True),
+            "norm eps": model.get("norm_eps", 1e-5 if peer == "eole" else 1e-6),
         }
     fairseq = _flags(_bash_array(PEERS / "fairseq" / "run.sh", "RECIPE"))
     script = (PEERS / "fairseq" / "run.sh").read_text()
@@ -612,6 +656,12 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
         "batch tokens": int(fairseq["max-tokens"]),
         "beam": int(_flags(script.split())["beam"]),
         "averaged": _averaged(PEERS / "fairseq" / "run.sh"),
+        "post-norm": "encoder-normalize-before" not in fairseq
+        and "decoder-normalize-before" not in fairseq,
+        "attention dropout": float(fairseq.get("attention-dropout", 0.0)),
+        "FFN activation dropout": float(fairseq.get("activation-dropout", 0.0)),
+        "norm eps": 1e-5,
+        **FIXED_LAYERS["fairseq"],
     }
     sockeye = _flags(_bash_array(PEERS / "sockeye" / "run.sh", "SAME"))
     script = (PEERS / "sockeye" / "run.sh").read_text()
@@ -629,6 +679,12 @@ def _peer_recipes() -> dict[str, dict[str, float]]:
         "batch tokens": int(sockeye["batch-size"]),
         "beam": int(_flags(script.split())["beam-size"]),
         "averaged": _averaged(PEERS / "sockeye" / "run.sh"),
+        "post-norm": sockeye["transformer-preprocess"] == ""
+        and sockeye["transformer-postprocess"] == "drn",
+        "attention dropout": float(sockeye["transformer-dropout-attention"]),
+        "FFN activation dropout": float(sockeye["transformer-dropout-act"]),
+        "norm eps": 1e-6,
+        **FIXED_LAYERS["sockeye"],
     }
     return recipes
 
@@ -643,8 +699,9 @@ def _decode_words(script: Path, flag: str) -> list[str]:
 def test_every_peers_setting_1_is_aiayns_recipe_but_for_the_listed_differences():
     """Issue 52: each peer's setting-1 files (YAML configs, run.sh flags) against
     `experiment=multi30k_cpu`: layers, widths, heads, dropout, label smoothing, peak rate,
-    warmup, batch tokens, beam and averaging, so the two cannot drift apart; what differs is
-    listed in KNOWN_DIFFERENCES (with its reason), and nothing else may."""
+    warmup, batch tokens, beam and averaging, and the layers' details (norm placement and eps,
+    dropout on attention and inside the FFN, biases), so the two cannot drift apart; what
+    differs is listed in KNOWN_DIFFERENCES (with its reason), and nothing else may."""
     from tests.helpers import compose_train
 
     config = compose_train(["experiment=multi30k_cpu"])
@@ -663,13 +720,20 @@ def test_every_peers_setting_1_is_aiayns_recipe_but_for_the_listed_differences()
         "batch tokens": config.data.max_tokens,
         "beam": config.decode.beam_size,
         "averaged": config.callbacks.average.last,
+        "post-norm": not model.norm_first,
+        "attention dropout": model.attention_dropout,
+        "FFN activation dropout": model.activation_dropout,
+        "attention biases": model.linear_bias,
+        "FFN biases": model.linear_bias,
+        "output bias": model.output_bias,
+        "norm eps": 1e-5,  # nn.LayerNorm's default, which aiayn keeps
     }
     recipes = _peer_recipes()
     assert sorted(recipes) == ["eole", "fairseq", "joeynmt", "opennmt", "sockeye"]
     for peer, recipe in recipes.items():
         assert set(recipe) == set(ours), peer
         differing = {key for key in ours if recipe[key] != pytest.approx(ours[key], rel=1e-3)}
-        assert differing == set(KNOWN_DIFFERENCES), (
+        assert differing == set(KNOWN_DIFFERENCES.get(peer, {})), (
             peer,
             {k: (recipe[k], ours[k]) for k in differing},
         )
@@ -679,12 +743,16 @@ def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
     """README.md's "Against the real NMT frameworks" table, cell by cell: each system's mean
     test2016 / val BLEU (its run count) and target tok/s over the whole command, from the
     records of the AVX2 and the AVX-512 machine kinds, so that a new run cannot leave it stale;
-    "not run yet" only where that kind has no record of the system."""
+    "not run yet" only where that kind has no record of the system. Runs whose layers differed
+    (result.json `layers`) have rows of their own, named with it."""
     table = _module("table")
     kinds = []
     for records in (SAME_PIPELINE, SAME_PIPELINE_AVX512):
         results = [json.loads(p.read_text()) for p in sorted(records.glob("*/result.json"))]
-        groups = {(g[0]["framework"], g[0]["checkpoint"]): g for g in table.rows(results)}
+        groups = {
+            (g[0]["framework"], g[0]["checkpoint"], g[0].get("layers")): g
+            for g in table.rows(results)
+        }
         kinds.append(groups)
     readme = (REPO / "README.md").read_text().split("### Against the real NMT frameworks")[1]
     lines = [line for line in readme.split("\n\n")[2].splitlines() if line.startswith("| ")]
@@ -694,12 +762,13 @@ def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
     for line in lines[1:]:
         name, *cells = [cell.strip().replace("*", "") for cell in line.strip("|").split("|")]
         framework = system[name.split()[0]]
-        checkpoint = "last" if name.endswith("last checkpoint") else "averaged"
-        seen.add((framework, checkpoint))
+        checkpoint = "last" if "last checkpoint" in name else "averaged"
+        layers = next((n for n in LAYER_NOTES if name.endswith(f", {n}")), None)
+        seen.add((framework, checkpoint, layers))
         for groups, (bleu, rate) in zip(kinds, [cells[0:2], cells[2:4]], strict=True):
-            group = groups.get((framework, checkpoint))
-            if group is None:
-                assert (bleu, rate) == ("not run yet", ""), name
+            group = groups.get((framework, checkpoint, layers))
+            if group is None:  # a row of runs whose layers differed: none to come
+                assert (bleu, rate) == ("not run yet" if layers is None else "–", ""), name
                 continue
             mean = {
                 k: sum(r[k] for r in group) / len(group) for k in ("test_bleu_tok", "val_bleu_tok")
@@ -707,4 +776,56 @@ def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
             speed = sum(r["target_tokens_per_sec_whole"] for r in group) / len(group)
             expected = f"{mean['test_bleu_tok']:.2f} / {mean['val_bleu_tok']:.2f} ({len(group)})"
             assert (bleu, rate) == (expected, f"{speed:,.0f}".replace(",", " ")), name
-    assert seen == set(kinds[0]), "a system with AVX2 records is missing from the README table"
+    missing = (set(kinds[0]) | set(kinds[1])) - seen
+    assert not missing, f"systems with records but no row in the README table: {missing}"
+
+
+@pytest.mark.parametrize(
+    "result_path",
+    sorted(
+        p
+        for records, runs in [
+            (SAME_PIPELINE, "*_[0-9]"),
+            (SAME_PIPELINE_AVX512, "*_[0-9]"),
+            (RECORDS / "smoke", "*_same_layers"),  # the first runs with the biases on
+        ]
+        for p in records.glob(f"{runs}/result.json")
+        if p.parent.name.startswith(("eole", "opennmt"))
+    ),
+    ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}",
+)
+def test_an_eole_or_opennmt_run_names_the_layer_biases_its_printed_model_lacked(result_path):
+    """eole and OpenNMT-py print their model and its parameter count into train.log. Runs of
+    their setting 1 before the harness turned on attention and FFN biases (add_qkvbias,
+    add_ffnbias) show bias-free linear layers there and carry `layers` in result.json (their
+    own table row); runs since show every stack's linear layer with a bias and LayerNorm eps
+    1e-5, as aiayn's, and carry no `layers`. Either way the count is aiayn's recipe made
+    pre-norm with the peer's vocabulary, output bias and linear biases: the rest of the model
+    is the same."""
+    from omegaconf import OmegaConf
+
+    from aiayn.model import build_model
+    from aiayn.model.config import ModelConfig
+    from tests.helpers import compose_train
+
+    log = (result_path.parent / "train.log").read_text()
+    linears = re.findall(
+        r"\((\w+)\): Linear\(in_features=\d+, out_features=(\d+), bias=(\w+)\)", log
+    )
+    (generator,) = [
+        (int(width), bias == "True") for name, width, bias in linears if name == "generator"
+    ]
+    (biased,) = {bias == "True" for name, _, bias in linears if name != "generator"}  # all alike
+    result = json.loads(result_path.read_text())
+    assert result.get("layers") == (None if biased else "no attention or FFN biases")
+    if result.get("layers") is None:
+        assert set(re.findall(r"LayerNorm\(\(\d+,\), eps=([^,]+),", log)) == {"1e-05"}
+
+    recipe = OmegaConf.to_container(compose_train(["experiment=multi30k_cpu"]).model, resolve=True)
+    vocab = int(re.search(r"\* tgt vocab size = (\d+)", log)[1])
+    assert generator[0] == vocab
+    peer = {"src_vocab_size": vocab, "tgt_vocab_size": vocab, "norm_first": True}
+    peer |= {"output_bias": generator[1], "linear_bias": biased}
+    model = build_model(ModelConfig(**{**recipe, **peer}))
+    printed = int(re.search(r"\* number of parameters: (\d+)", log)[1])
+    assert printed == sum(p.numel() for p in model.parameters())

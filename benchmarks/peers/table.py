@@ -12,8 +12,10 @@ clock by stage (minutes; decoding a checkpoint counts in its own row), and the m
 matmul peaks measured with the runs. Runs with glibc's malloc as it comes
 (`PEER_MALLOC=default`) make rows of their own, their setting saying so, and so do runs on
 another kind of machine (their CPU's SIMD flags, `benchmarks/machine.py`): a row never
-averages two kinds, told apart by its fp32 column. A smoke-test result (SMOKE=1) is refused:
-it checks a script, not a number.
+averages two kinds, told apart by its fp32 column. So do runs whose `layers` say how their
+model differed from what the harness runs now (eole's and OpenNMT-py's setting 1 before
+their attention and FFN biases were turned on), the setting naming it. A smoke-test result
+(SMOKE=1) is refused: it checks a script, not a number.
 """
 
 from __future__ import annotations
@@ -79,7 +81,11 @@ def row(results: list[dict]) -> str:
     versions = sorted({r["version"] or "" for r in results})
     cells = (
         f"{first['framework']} {', '.join(versions)}".strip(),
-        first["setting"] + (", PEER_MALLOC=default" if first.get("malloc") == "default" else ""),
+        ", ".join(
+            [first["setting"]]
+            + (["PEER_MALLOC=default"] if first.get("malloc") == "default" else [])
+            + ([first["layers"]] if first.get("layers") else [])
+        ),
         checkpoint(first),
         str(len(results)),
         cell(values("updates"), lambda v: f"{v:,.0f}"),
@@ -96,15 +102,22 @@ def row(results: list[dict]) -> str:
 
 
 def rows(results: list[dict]) -> list[list[dict]]:
-    """Results grouped by system, setting, allocator setting, machine kind and checkpoint (a
-    result scoring several checkpoints joins a group for each); setting 1 first, then the best
-    mean test BLEU."""
-    groups: dict[tuple[str, str, str | None, str | None, str], list[dict]] = {}
+    """Results grouped by system, setting, allocator setting, machine kind, layers and
+    checkpoint (a result scoring several checkpoints joins a group for each); setting 1 first,
+    then the best mean test BLEU."""
+    groups: dict[tuple[str, str, str | None, str | None, str | None, str], list[dict]] = {}
     for result in results:
         for name, scored in (result.get("scores") or {checkpoint(result): {}}).items():
             one = {**result, **scored, "checkpoint": name}
             kind = one.get("machine", {}).get("flags")
-            key = (one["framework"], one["setting"], one.get("malloc"), kind, name)
+            key = (
+                one["framework"],
+                one["setting"],
+                one.get("malloc"),
+                kind,
+                one.get("layers"),
+                name,
+            )
             groups.setdefault(key, []).append(one)
     return sorted(
         groups.values(),

@@ -8,6 +8,8 @@
 # 0.033541 * min(1, t / 500) / sqrt(max(t, 500)) peaks at 1.5e-3 on update 500, batches of
 # <= 2 000 padded target tokens (max-word; buckets 8 tokens wide on both sides), seed 1234.
 # Differences Sockeye does not let us remove:
+# - its attention's projections have no bias (aiayn's have), its output layer has one
+#   (aiayn's has none), and its LayerNorm eps is 1e-6 (aiayn's: 1e-5)
 # - --max-seconds is checked only at a checkpoint: training stops at the first one after the
 #   budget. A checkpoint (loss-only validation, no decoding) every 100 updates keeps that
 #   overshoot under 100 updates, where aiayn validates once an epoch (~280 updates here).
