@@ -178,9 +178,8 @@ def test_format_parameter_summary() -> None:
         {"d_embed": 6, "share_embeddings": "none", "tgt_vocab_size": 19},
         {"arch": "rnn", "num_decoder_layers": 3},
         {"shared_head_qkv": True},
-        {"linear_bias": False, "norm_bias": False},
     ],
-    ids=["plain", "head_dim", "factorized", "rnn", "shared-head-qkv", "no-bias"],
+    ids=["plain", "head_dim", "factorized", "rnn", "shared-head-qkv"],
 )
 def test_forward_flops_equal_torchs_count_of_the_real_forward(overrides: dict[str, Any]) -> None:
     """The closed form against torch's FLOP counter on the real forward pass (matmuls and
