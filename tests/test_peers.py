@@ -744,7 +744,8 @@ def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
     test2016 / val BLEU (its run count) and target tok/s over the whole command, from the
     records of the AVX2 and the AVX-512 machine kinds, so that a new run cannot leave it stale;
     "not run yet" only where that kind has no record of the system. Runs whose layers differed
-    (result.json `layers`) have rows of their own, named with it."""
+    (result.json `layers`) have rows of their own, named with it. Rows are in order of test2016
+    BLEU in the first kind's columns (the table of record), rows without a figure there last."""
     table = _module("table")
     readme = (REPO / "README.md").read_text().split("### Against the real NMT frameworks")[1]
     lines = [line for line in readme.split("\n\n")[2].splitlines() if line.startswith("| ")]
@@ -762,9 +763,11 @@ def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
         columns.append(slice(column, column + 2))
     system = {"Sockeye": "sockeye", "OpenNMT-py": "opennmt-py", "eole": "eole"}
     system |= {"aiayn,": "aiayn", "fairseq": "fairseq", "JoeyNMT": "joeynmt"}
-    seen = set()
+    seen, ranked = set(), []  # the table of record's test2016 BLEU, row by row (None: none)
     for line in lines[1:]:
         name, *cells = [cell.strip().replace("*", "") for cell in line.strip("|").split("|")]
+        first = cells[min(columns, key=lambda c: c.start)][0]
+        ranked.append(float(first.split(" / ")[0]) if " / " in first else None)
         framework = system[name.split()[0]]
         checkpoint = "last" if "last checkpoint" in name else "averaged"
         layers = next((n for n in LAYER_NOTES if name.endswith(f", {n}")), None)
@@ -782,6 +785,9 @@ def test_the_readme_peer_table_is_the_mean_of_each_systems_records():
             assert (bleu, rate) == (expected, f"{speed:,.0f}".replace(",", " ")), name
     missing = (set(kinds[0]) | set(kinds[1])) - seen
     assert not missing, f"systems with records but no row in the README table: {missing}"
+    scored = [bleu for bleu in ranked if bleu is not None]
+    assert ranked == scored + [None] * (len(ranked) - len(scored)), ranked
+    assert scored == sorted(scored, reverse=True), scored
 
 
 @pytest.mark.parametrize(
